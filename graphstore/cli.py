@@ -1,0 +1,180 @@
+"""The ``graphstore`` command: ``convert``, ``info``, ``verify``.
+
+Exit codes: 0 success, 1 a known error (one line on stderr, no traceback), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from graphstore.errors import GraphStoreError
+
+__all__ = ["main"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive (got {value})")
+    return value
+
+
+def _byte_size(text: str) -> int:
+    """``4194304``, ``4MiB``, ``512K``, ``1G`` -> bytes."""
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = t[-1] if t and t[-1] in units else ""
+    try:
+        value = float(t[: len(t) - len(unit)]) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 4MiB (got {text!r})") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive (got {text!r})")
+    return int(value)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from graphstore import __version__
+
+    parser = argparse.ArgumentParser(prog="graphstore", description="Out-of-core graph store for GNN training.")
+    parser.add_argument("--version", action="version", version=f"graphstore {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log each conversion phase")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("convert", help="ingest a dataset into a store",
+                       description="Convert SOURCE (a directory, .zip, .tar.gz, file, or an OGB name "
+                                   "with --root) into a store at OUT.")
+    c.add_argument("source")
+    c.add_argument("out")
+    c.add_argument("--format", choices=["ogb", "planetoid", "npz", "kg", "edgelist"],
+                   help="source format (default: detected)")
+    size = c.add_mutually_exclusive_group()
+    size.add_argument("--partitions", type=_positive_int, metavar="P", help="number of partitions")
+    size.add_argument("--partition-bytes", type=_byte_size, metavar="B",
+                      help="target bytes of features+edges per partition (default 4MiB)")
+    c.add_argument("--partitioner", choices=["metis", "random", "sequential", "stream"],
+                   help="default: metis, or stream for graphs too large for it")
+    c.add_argument("--seed", type=int, default=0, help="seeds the partitioner and generated splits")
+    c.add_argument("--overwrite", action="store_true", help="replace OUT once the new store is complete")
+    c.add_argument("--keep-self-loops", action="store_true", help="store self loops (dropped by default)")
+    c.add_argument("--keep-duplicates", action="store_true", help="store repeated edges (merged by default)")
+    c.add_argument("--compress", action="store_true", help="zstd-compress every array")
+    direction = c.add_mutually_exclusive_group()
+    direction.add_argument("--directed", dest="directed", action="store_true", default=None,
+                           help="treat source edges as directed")
+    direction.add_argument("--undirected", dest="directed", action="store_false",
+                           help="store every source edge in both directions")
+    c.add_argument("--features", metavar="NPY", help="edge list: node features (.npy, [N, D])")
+    c.add_argument("--labels", metavar="NPY", help="edge list: node labels (.npy, [N])")
+    c.add_argument("--num-nodes", type=_positive_int, help="edge list: number of nodes (default max id + 1)")
+    c.add_argument("--root", metavar="DIR", help="OGB: directory holding (or to download) named datasets")
+    c.add_argument("--split", metavar="NAME", help="OGB: split directory to use when there are several")
+    c.add_argument("--chunk-edges", type=_positive_int, default=1 << 22,
+                   help="edges per streaming step (bounds memory; default 4194304)")
+    c.add_argument("--json", action="store_true", help="print the resulting summary as JSON")
+
+    i = sub.add_parser("info", help="summarise a store")
+    i.add_argument("store")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+
+    v = sub.add_parser("verify", help="re-read a store and check checksums and invariants")
+    v.add_argument("store")
+    return parser
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from graphstore.layout._convert import ConvertOptions, convert
+    from graphstore.layout._verify import store_summary
+
+    reader_options = {
+        key: getattr(args, key)
+        for key in ("directed", "features", "labels", "num_nodes", "root", "split")
+        if getattr(args, key) is not None
+    }
+    options = ConvertOptions(
+        format=args.format, num_partitions=args.partitions, partition_bytes=args.partition_bytes,
+        partitioner=args.partitioner, seed=args.seed, overwrite=args.overwrite,
+        keep_self_loops=args.keep_self_loops, keep_duplicates=args.keep_duplicates,
+        compress=args.compress, chunk_edges=args.chunk_edges, reader_options=reader_options,
+    )
+    start = time.perf_counter()
+    m = convert(args.source, args.out, options)
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({**store_summary(args.out), "seconds": round(seconds, 3)}, indent=2))
+        return 0
+    conv, part = m.conversion, m.partitioner
+    print(f"wrote {args.out} in {seconds:.1f} s: {m.num_nodes:,} nodes, {m.num_edges:,} edges "
+          f"({'directed' if m.directed else 'both directions'}), {m.feature_dim} features, "
+          f"{m.num_classes} classes, {m.num_relations} relations")
+    print(f"  source {m.source['format']} {m.source['name']}: {conv['source_edges']:,} edges read, "
+          f"{conv['self_loops']:,} self loops {'kept' if conv['keep_self_loops'] else 'dropped'}, "
+          f"{conv['duplicates_merged']:,} duplicate edges {'kept' if conv['keep_duplicates'] else 'merged'}")
+    print(f"  partitions: {m.num_partitions} x {m.partition_size:,} nodes by {part['method']} "
+          f"({part['num_partitions_rule']}), edge cut {part['edge_cut']:.1%}")
+    print("  splits: " + (", ".join(f"{k} {v:,} {m.split_kinds[k]}" for k, v in m.splits.items()) or "none")
+          + f" ({m.split_origin.get('kind', 'unknown')})")
+    return 0
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    from graphstore.layout._verify import store_summary
+
+    s = store_summary(args.store)
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    print(f"{s['path']}: graphstore format v{s['format_version']}, {s['name']}")
+    print(f"  nodes {s['num_nodes']:,}  edges {s['num_edges']:,} ({'directed' if s['directed'] else 'both directions'})"
+          f"  features {s['feature_dim']} ({s['feature_dtype'] or '-'})  classes {s['num_classes']}"
+          f"  relations {s['num_relations']}")
+    print(f"  partitions {s['num_partitions']} x {s['partition_size']:,} by {s['partitioner']['method']}, "
+          f"edge cut {s['edge_cut']:.1%}")
+    print(f"  tasks {', '.join(s['tasks']) or '-'}; splits "
+          + (", ".join(f"{k} {v:,}" for k, v in s['splits'].items()) or "none"))
+    print(f"  source {s['source']['format']} {s['source']['path']}")
+    print(f"  {s['bytes_on_disk'] / 2**20:,.1f} MiB on disk:")
+    for name, a in s["arrays"].items():
+        print(f"    {name:32s} {str(tuple(a['shape'])):22s} {a['dtype']:8s} {a['bytes_on_disk'] / 2**20:10,.2f} MiB")
+    return 0
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from graphstore.layout._verify import verify_store
+
+    start = time.perf_counter()
+    result = verify_store(args.store)
+    print(f"{args.store}: OK ({result['arrays']} arrays, {result['num_nodes']:,} nodes, "
+          f"{result['num_edges']:,} edges checked in {time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s: %(message)s")
+    handlers = {"convert": _run_convert, "info": _run_info, "verify": _run_verify}
+    try:
+        return handlers[args.command](args)
+    except GraphStoreError as exc:
+        print(f"graphstore {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # disk full, permission denied: the user's to fix, not a bug
+        print(f"graphstore {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"graphstore {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

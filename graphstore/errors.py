@@ -1,0 +1,68 @@
+"""The exceptions graphstore raises.
+
+Every error a user can cause is one of these, and each also inherits the builtin a
+Python programmer would catch for it, so ``except FileNotFoundError`` keeps working::
+
+    GraphStoreError(Exception)
+    ├── SourceError(ValueError)            bad conversion input: names file, line/array, problem
+    │   └── SourceNotFoundError(FileNotFoundError)   a source file or directory is missing
+    ├── StoreError(ValueError)             a store that cannot be opened as format v1
+    │   ├── StoreNotFoundError(FileNotFoundError)    no store at the path
+    │   ├── StoreExistsError(FileExistsError)        output exists and --overwrite not given
+    │   └── StoreVersionError                        unknown format_version
+    ├── CorruptStoreError(ValueError)      `verify` found a broken array or chunk
+    └── ConfigError(ValueError)            an option value that cannot work (p > N, ...)
+
+The command line prints ``str(error)`` on one line and exits 1 for any of these.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "CorruptStoreError",
+    "GraphStoreError",
+    "SourceError",
+    "SourceNotFoundError",
+    "StoreError",
+    "StoreExistsError",
+    "StoreNotFoundError",
+    "StoreVersionError",
+]
+
+
+class GraphStoreError(Exception):
+    """Base class of every error graphstore raises on purpose."""
+
+
+class SourceError(GraphStoreError, ValueError):
+    """Conversion input is malformed. The message names the file, the line or array, and
+    the problem, e.g. ``"raw/edge.csv.gz line 17: expected 2 columns, got 3"``."""
+
+
+class SourceNotFoundError(SourceError, FileNotFoundError):
+    """A file the source format needs is missing; the message says where it looked."""
+
+
+class StoreError(GraphStoreError, ValueError):
+    """A path that is not a usable graphstore store (missing or mis-shaped array, ...)."""
+
+
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """Nothing (or no complete store) at the given path."""
+
+
+class StoreExistsError(StoreError, FileExistsError):
+    """The output path exists and overwriting was not asked for."""
+
+
+class StoreVersionError(StoreError):
+    """The store's ``format_version`` is not one this graphstore reads."""
+
+
+class CorruptStoreError(GraphStoreError, ValueError):
+    """A checksum or an invariant failed; the message names the array and chunk."""
+
+
+class ConfigError(GraphStoreError, ValueError):
+    """An option value that cannot work, e.g. more partitions than nodes."""
