@@ -16,11 +16,11 @@ from graphstore.errors import (
     StoreNotFoundError,
     StoreVersionError,
 )
+from graphstore._version import __version__
 from graphstore.layout.base import FORMAT_VERSION, Manifest
 from graphstore.layout.store import Store
 from graphstore.layout.store import open_store as open
 
-__version__ = "0.1.0"
 
 __all__ = [
     "FORMAT_VERSION",

@@ -41,7 +41,7 @@ def _byte_size(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from graphstore import __version__
+    from graphstore._version import __version__
 
     parser = argparse.ArgumentParser(prog="graphstore", description="Out-of-core graph store for GNN training.")
     parser.add_argument("--version", action="version", version=f"graphstore {__version__}")

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from graphstore._version import __version__
 from graphstore.errors import ConfigError, SourceError, StoreExistsError
 from graphstore.layout._arrays import ChunkedAppender, chunk_rows_for, new_array
 from graphstore.layout._staging import EdgeStager, StagedEdges
@@ -248,18 +249,12 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
                     "keep_duplicates": opts.keep_duplicates,
                     "compress": opts.compress, "seconds": timings},
         chunks=layout.chunk_summary(),
-        created_by=f"graphstore {_version()}",
+        created_by=f"graphstore {__version__}",
     )
     shutil.rmtree(work)
     # The manifest goes in last: until it is there, `open` refuses the directory.
     root.attrs[MANIFEST_KEY] = manifest.to_json()
     return manifest
-
-
-def _version() -> str:
-    from graphstore import __version__
-
-    return __version__
 
 
 def _jsonable(value: Any) -> Any:
@@ -308,46 +303,28 @@ def _stage_edges(graph: SourceGraph, work: Path, opts: ConvertOptions) -> tuple[
     reverse edges added for an undirected source."""
     n = graph.num_nodes
     with_rel = graph.num_relations > 0
-    stager = EdgeStager(str(work / "staged"), num_nodes=n, with_rel=with_rel)
-    source_edges = 0
-    self_loops = 0
-    with _bar(None, "edges", opts.progress) as bar:
-        for chunk in graph.edges():
-            src = np.asarray(chunk.src, dtype=np.int64)
-            dst = np.asarray(chunk.dst, dtype=np.int64)
-            rel = None if chunk.rel is None else np.asarray(chunk.rel, dtype=np.int64)
-            if len(src) != len(dst) or (rel is not None and len(rel) != len(src)):
-                raise SourceError(
-                    f"{_where(graph, 'edges')}: edge arrays of different lengths "
-                    f"(src {len(src)}, dst {len(dst)}"
-                    + (f", rel {len(rel)})" if rel is not None else ")")
-                )
-            _check_ids(graph, src, dst, source_edges)
-            if with_rel:
-                if rel is None:
-                    raise SourceError(f"{_where(graph, 'edges')}: edges lack relation ids")
-                bad = np.flatnonzero((rel < 0) | (rel >= graph.num_relations))
-                if len(bad):
-                    raise SourceError(
-                        f"{_where(graph, 'edges')} {graph.describe_edge(source_edges + int(bad[0]))}: "
-                        f"relation {rel[bad[0]]} outside [0, {graph.num_relations})"
-                    )
-            source_edges += len(src)
-            loop = src == dst
-            loops_here = int(loop.sum())
-            self_loops += loops_here
-            if loops_here and not opts.keep_self_loops:
-                keep = ~loop
-                src, dst = src[keep], dst[keep]
-                rel = None if rel is None else rel[keep]
-                loop = np.zeros(len(src), dtype=bool)
-            stager.append(src, dst, rel)
-            if not graph.directed:
-                # A self loop is its own reverse: adding it again would be a duplicate.
-                rev = ~loop
-                stager.append(dst[rev], src[rev], None if rel is None else rel[rev])
-            bar.update(len(src))
-    staged = stager.finish()
+    with EdgeStager(str(work / "staged"), num_nodes=n, with_rel=with_rel) as stager:
+        source_edges = 0
+        self_loops = 0
+        with _bar(None, "edges", opts.progress) as bar:
+            for chunk in graph.edges():
+                src, dst, rel = _checked_edge_chunk(graph, chunk, source_edges)
+                source_edges += len(src)
+                loop = src == dst
+                loops_here = int(loop.sum())
+                self_loops += loops_here
+                if loops_here and not opts.keep_self_loops:
+                    keep = ~loop
+                    src, dst = src[keep], dst[keep]
+                    rel = None if rel is None else rel[keep]
+                    loop = np.zeros(len(src), dtype=bool)
+                stager.append(src, dst, rel)
+                if not graph.directed:
+                    # A self loop is its own reverse: adding it again would be a duplicate.
+                    rev = ~loop
+                    stager.append(dst[rev], src[rev], None if rel is None else rel[rev])
+                bar.update(len(src))
+        staged = stager.finish()
     if staged.num_edges == 0:
         raise SourceError(
             f"{_where(graph, 'edges')}: the graph has no edges"
@@ -360,6 +337,29 @@ def _stage_edges(graph: SourceGraph, work: Path, opts: ConvertOptions) -> tuple[
         "staged_edges": staged.num_edges,
     }
     return staged, counts
+
+
+def _checked_edge_chunk(graph: SourceGraph, chunk, offset: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The chunk's arrays as int64, after checking lengths, node ids and relation ids.
+
+    ``offset`` is the index of the chunk's first edge in the source, for error messages.
+    """
+    src = np.asarray(chunk.src, dtype=np.int64)
+    dst = np.asarray(chunk.dst, dtype=np.int64)
+    rel = None if chunk.rel is None else np.asarray(chunk.rel, dtype=np.int64)
+    where = _where(graph, "edges")
+    if len(src) != len(dst) or (rel is not None and len(rel) != len(src)):
+        lengths = f"src {len(src)}, dst {len(dst)}" + (f", rel {len(rel)}" if rel is not None else "")
+        raise SourceError(f"{where}: edge arrays of different lengths ({lengths})")
+    _check_ids(graph, src, dst, offset)
+    if graph.num_relations > 0:
+        if rel is None:
+            raise SourceError(f"{where}: edges lack relation ids")
+        bad = np.flatnonzero((rel < 0) | (rel >= graph.num_relations))
+        if len(bad):
+            raise SourceError(f"{where} {graph.describe_edge(offset + int(bad[0]))}: "
+                              f"relation {rel[bad[0]]} outside [0, {graph.num_relations})")
+    return src, dst, rel
 
 
 def _check_ids(graph: SourceGraph, src: np.ndarray, dst: np.ndarray, offset: int) -> None:

@@ -61,7 +61,10 @@ class StagedEdges:
 
 
 class EdgeStager:
-    """Appends edge chunks to the staging files; `finish` returns the `StagedEdges`."""
+    """Appends edge chunks to the staging files; `finish` returns the `StagedEdges`.
+
+    A context manager, so that an error while staging closes the files.
+    """
 
     def __init__(self, directory: str, *, num_nodes: int, with_rel: bool) -> None:
         os.makedirs(directory, exist_ok=True)
@@ -84,9 +87,19 @@ class EdgeStager:
             self._files["rel"].write(np.ascontiguousarray(rel, dtype=np.int64).tobytes())
         self.num_edges += len(src)
 
-    def finish(self) -> StagedEdges:
+    def close(self) -> None:
+        """Close the files (idempotent); `finish` calls it, an error path must too."""
         for f in self._files.values():
             f.close()
+
+    def __enter__(self) -> EdgeStager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def finish(self) -> StagedEdges:
+        self.close()
         return StagedEdges(
             src_path=self._paths["src"],
             dst_path=self._paths["dst"],

@@ -1,0 +1,612 @@
+"""Helpers shared by the source readers: chunked CSV, streamed ``.npz`` members, archives.
+
+Everything here reads in bounded chunks. Parse failures become one-line `SourceError`
+messages naming the file and line; the offending line is found by re-reading the file,
+which only happens on the error path.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import os
+import re
+import tarfile
+import warnings
+import zipfile
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+import numpy as np
+import pandas as pd
+
+from graphstore.errors import SourceError, SourceNotFoundError
+
+__all__ = [
+    "EDGE_CHUNK_ROWS",
+    "FEATURE_CHUNK_BYTES",
+    "NpyMember",
+    "ReadContext",
+    "count_columns",
+    "dataset_name",
+    "extract_archive",
+    "feature_chunk_rows",
+    "feature_dtype",
+    "find_data_line",
+    "is_archive",
+    "iter_csv",
+    "iter_data_lines",
+    "iter_npy_flat",
+    "iter_npy_rows",
+    "iter_rows_of",
+    "list_archive",
+    "names_under",
+    "npz_members",
+    "read_csv_all",
+    "single_root",
+]
+
+EDGE_CHUNK_ROWS = 1 << 21
+"""Edges per chunk (2 Mi edges: 32 MiB as two int64 columns). Read at call time, so
+tests can shrink it to exercise the multi-chunk paths."""
+
+FEATURE_CHUNK_BYTES = 4 << 20
+"""Target size of one chunk of float32 feature rows."""
+
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
+_NAME_SUFFIXES = (*ARCHIVE_SUFFIXES, ".gz", ".npz", ".txt", ".csv", ".tsv", ".edges", ".el")
+_INT_RE = re.compile(r"[+-]?\d+")
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class ReadContext:
+    """What `read_source` hands every reader besides the path to read."""
+
+    origin: str
+    """The source as the user gave it (a path or an OGB name); recorded as `SourceGraph.path`."""
+    work_dir: Path
+    """Scratch directory inside the converter's temporary output (archives go here)."""
+    seed: int = 0
+    """Seed of any split the reader has to generate."""
+    options: Mapping[str, object] = field(default_factory=dict)
+    """Reader options that were given (None values already dropped)."""
+    archive_root: Path | None = None
+    """Directory an archive source was extracted into, else None."""
+
+    def option(self, key: str, default: object = None) -> object:
+        """The option ``key`` if the user gave it, else ``default``."""
+        return self.options.get(key, default)
+
+    def show(self, path: str | os.PathLike) -> str:
+        """Name ``path`` for messages: ``archive.tar.gz/member`` for extracted files."""
+        path = Path(path)
+        if self.archive_root is not None:
+            try:
+                rel = path.relative_to(self.archive_root)
+            except ValueError:
+                return str(path)
+            return f"{self.origin}/{rel.as_posix()}"
+        return str(path)
+
+
+def dataset_name(origin: str) -> str:
+    """Dataset name from a path: the last component without archive/data suffixes."""
+    text = str(origin)
+    if os.path.exists(text):
+        text = str(Path(text).resolve())  # "." and "data/" name their folder
+    name = PurePosixPath(text.replace("\\", "/").rstrip("/")).name or str(origin)
+    stripped = True
+    while stripped:
+        stripped = False
+        for suffix in _NAME_SUFFIXES:
+            if name.lower().endswith(suffix) and len(name) > len(suffix):
+                name, stripped = name[: -len(suffix)], True
+                break
+    return name
+
+
+# --------------------------------------------------------------------------- text files
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _open_text(path: Path) -> IO[str]:
+    # Decide by content, not suffix: a file decompressed in place but not renamed still reads.
+    if _is_gzip(path):
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="")
+    return open(path, encoding="utf-8", errors="replace", newline="")
+
+
+def _check_exists(path: Path, display: str) -> None:
+    if not path.is_file():
+        where = path.parent if path.parent.is_dir() else "(directory missing)"
+        raise SourceNotFoundError(f"{display}: file not found (looked in {where})")
+
+
+def _strip_line(line: str, comment: str | None) -> str:
+    line = line.rstrip("\r\n")
+    if comment is not None:
+        line = line.split(comment, 1)[0]
+    return line
+
+
+def _split_fields(line: str, sep: str) -> list[str]:
+    if sep == r"\s+":
+        return line.split()
+    return line.split(sep)
+
+
+def _field_problem(value: str, kind: str, column: int) -> str | None:
+    text = value.strip().strip('"')
+    if text == "":
+        if kind == "float_or_empty":
+            return None
+        return f"empty value in column {column}"
+    if kind == "int":
+        if not _INT_RE.fullmatch(text):
+            return f"{value.strip()!r} is not an integer (column {column})"
+        if abs(int(text)) > _INT64_MAX:
+            return f"{text} does not fit in int64 (column {column})"
+        return None
+    try:
+        float(text)
+    except ValueError:
+        return f"{value.strip()!r} is not a number (column {column})"
+    return None
+
+
+def iter_data_lines(
+    path: Path, *, comment: str | None, skip_blank: bool
+) -> Iterator[tuple[int, int, str]]:
+    """Yield ``(line_number, data_row, text)`` the way pandas counts data rows."""
+    row = 0
+    with _open_text(path) as f:
+        for lineno, raw in enumerate(f, start=1):
+            text = _strip_line(raw, comment)
+            if skip_blank and not text.strip():
+                continue
+            yield lineno, row, text
+            row += 1
+
+
+def _locate_problem(
+    path: Path,
+    *,
+    first_row: int,
+    ncols: int,
+    kind: str,
+    sep: str,
+    comment: str | None,
+    skip_blank: bool,
+    rows: np.ndarray | None = None,
+    usecols: tuple[int, ...] | None = None,
+) -> tuple[int, str] | None:
+    """First ``(line, problem)`` at data row >= ``first_row`` (restricted to ``rows``).
+
+    Error path only: a Python loop over lines, which is why the happy path never calls it.
+    """
+    wanted = None if rows is None else set(int(r) for r in rows)
+    last = None if rows is None else int(rows.max())
+    for lineno, row, text in iter_data_lines(path, comment=comment, skip_blank=skip_blank):
+        if row < first_row or (wanted is not None and row not in wanted):
+            if last is not None and row > last:
+                return None
+            continue
+        if text.strip():
+            fields = _split_fields(text, sep)
+        else:
+            # A blank line is one empty value in a one-column file where empties are
+            # allowed (unlabeled node), and a row with no columns anywhere else.
+            fields = [""] if (kind == "float_or_empty" and ncols == 1) else []
+        if len(fields) != ncols:
+            return lineno, f"expected {ncols} columns, got {len(fields)}"
+        for j, value in enumerate(fields):
+            if usecols is not None and j not in usecols:
+                continue
+            problem = _field_problem(value, kind, j + 1)
+            if problem is not None:
+                return lineno, problem
+    return None
+
+
+def count_columns(
+    path: str | os.PathLike, *, display: str, sep: str = ",", comment: str | None = None
+) -> int:
+    """Number of fields on the first data line of a (possibly gzipped) text file; 0 if empty."""
+    path = Path(path)
+    _check_exists(path, display)
+    try:
+        for _, _, text in iter_data_lines(path, comment=comment, skip_blank=True):
+            return len(_split_fields(text, sep))
+    except (OSError, EOFError, zlib.error) as e:
+        raise SourceError(f"{display}: cannot read ({e})") from None
+    return 0
+
+
+def find_data_line(
+    path: str | os.PathLike, row: int, *, comment: str | None = None, skip_blank: bool = True
+) -> int:
+    """Line number (1-based) of data row ``row``: used to name a bad edge after the fact."""
+    for lineno, r, _ in iter_data_lines(Path(path), comment=comment, skip_blank=skip_blank):
+        if r == row:
+            return lineno
+    return -1
+
+
+def iter_csv(
+    path: str | os.PathLike,
+    *,
+    ncols: int,
+    dtype: type | np.dtype,
+    chunk_rows: int,
+    display: str,
+    sep: str = ",",
+    comment: str | None = None,
+    skip_blank: bool = False,
+    missing_ok: bool = False,
+    usecols: tuple[int, ...] | None = None,
+) -> Iterator[np.ndarray]:
+    """Stream a headerless CSV(.gz) of ``ncols`` numeric columns as [m, ncols] arrays.
+
+    Parameters
+    ----------
+    path : path-like
+        Plain or gzip-compressed text (detected from the content).
+    ncols : int
+        Columns every data line must have.
+    dtype : numpy integer or float type
+        Type of the yielded arrays; integer columns reject NaN/empty values.
+    chunk_rows : int
+        Rows per yielded chunk.
+    display : str
+        How messages name the file.
+    sep, comment, skip_blank
+        As in `pandas.read_csv` (``sep=r"\\s+"`` splits on runs of whitespace).
+        With ``skip_blank=False`` data row ``i`` is line ``i + 1``, which is what lets
+        `SourceGraph.describe_edge` say ``"line {i+1}"``.
+    missing_ok : bool
+        Float columns only: empty values are allowed (they become NaN). Otherwise an
+        empty or missing field is an error even for floats.
+    usecols : tuple of int, optional
+        Only these columns are parsed and yielded ([m, len(usecols)]); the others are
+        skipped unread (edge weights, timestamps).
+
+    Raises
+    ------
+    SourceNotFoundError
+        The file does not exist.
+    SourceError
+        ``"<file> line <n>: <problem>"`` for a row with the wrong number of columns or a
+        value that does not parse; ``"<file>: cannot read (...)"`` for a corrupt gzip.
+    """
+    path = Path(path)
+    _check_exists(path, display)
+    dtype = np.dtype(dtype)
+    kind = "int" if dtype.kind in "iu" else ("float_or_empty" if missing_ok else "float")
+    locate = dict(ncols=ncols, kind=kind, sep=sep, comment=comment, skip_blank=skip_blank,
+                  usecols=usecols)
+    width = ncols if usecols is None else len(usecols)
+
+    def fail(first_row: int, detail: str, rows: np.ndarray | None = None) -> SourceError:
+        found = _locate_problem(path, first_row=first_row, rows=rows, **locate)
+        if found is None:
+            return SourceError(f"{display} after data row {first_row}: {detail}")
+        return SourceError(f"{display} line {found[0]}: {found[1]}")
+
+    try:
+        reader = pd.read_csv(
+            path,
+            header=None,
+            # Explicit names: column count never depends on the first line (which may be
+            # a blank "unlabeled" line), and a longer line is an error, not an index.
+            names=list(range(ncols)),
+            index_col=False,
+            sep=sep,
+            dtype=dtype,
+            chunksize=max(1, int(chunk_rows)),
+            comment=comment,
+            skip_blank_lines=skip_blank,
+            usecols=list(usecols) if usecols is not None else None,
+            compression="gzip" if _is_gzip(path) else None,
+            quoting=csv.QUOTE_MINIMAL,
+            engine="c",
+        )
+    except pd.errors.EmptyDataError:
+        return
+    except (UnicodeDecodeError, pd.errors.ParserError, ValueError, OverflowError) as e:
+        raise fail(0, str(e)) from None
+    except (OSError, EOFError, zlib.error) as e:
+        raise SourceError(f"{display}: cannot read ({e})") from None
+
+    row = 0
+    with reader:
+        while True:
+            try:
+                with warnings.catch_warnings():
+                    # pandas only warns (and drops data) when the first line is too long.
+                    warnings.simplefilter("error", pd.errors.ParserWarning)
+                    frame = next(reader)
+            except StopIteration:
+                return
+            except UnicodeDecodeError as e:
+                raise SourceError(f"{display}: not UTF-8 text ({e})") from None
+            except (pd.errors.ParserError, pd.errors.ParserWarning, ValueError, OverflowError) as e:
+                raise fail(row, str(e).strip().splitlines()[-1]) from None
+            except (OSError, EOFError, zlib.error) as e:
+                raise SourceError(f"{display}: cannot read ({e})") from None
+            if frame.shape[1] != width:
+                raise fail(row, f"expected {ncols} columns, got {frame.shape[1]}")
+            values = frame.to_numpy(dtype=dtype)
+            if kind == "float":
+                bad = np.flatnonzero(np.isnan(values).any(axis=1))
+                if len(bad):
+                    # A short or empty row also reads as NaN; a literal "nan" is left to
+                    # the converter's finiteness check.
+                    found = _locate_problem(path, first_row=row, rows=bad + row, **locate)
+                    if found is not None:
+                        raise SourceError(f"{display} line {found[0]}: {found[1]}")
+            yield values
+            row += len(values)
+
+
+def read_csv_all(path: str | os.PathLike, *, ncols: int, dtype, display: str, **kwargs) -> np.ndarray:
+    """All rows of a small CSV as one [n, ncols] array (split files, count files)."""
+    chunks = list(iter_csv(path, ncols=ncols, dtype=dtype, chunk_rows=EDGE_CHUNK_ROWS,
+                           display=display, **kwargs))
+    if not chunks:
+        return np.zeros((0, ncols), dtype=dtype)
+    return np.concatenate(chunks)
+
+
+# --------------------------------------------------------------------------- .npz members
+
+
+@dataclass(frozen=True)
+class NpyMember:
+    """One ``.npy`` array inside an ``.npz`` zip, located but not read."""
+
+    archive: Path
+    """The ``.npz`` file."""
+    member: str
+    """Name inside the zip, e.g. ``"node_feat.npy"``."""
+    display: str
+    """How messages name the array, e.g. ``"raw/data.npz[node_feat]"``."""
+    shape: tuple[int, ...]
+    """Array shape from the header."""
+    dtype: np.dtype
+    """Element type from the header (may be non-native byte order)."""
+    fortran_order: bool
+    """True when the data is laid out column-major."""
+    header_bytes: int
+    """Offset of the first data byte inside the member."""
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+
+def _read_npy_header(f: IO[bytes], display: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(f)
+        if version == (2, 0):
+            return np.lib.format.read_array_header_2_0(f)
+    except (ValueError, OSError, EOFError) as e:
+        raise SourceError(f"{display}: not a .npy array ({e})") from None
+    raise SourceError(f"{display}: .npy format version {version} is not supported (1.0, 2.0)")
+
+
+def npz_members(path: str | os.PathLike, *, display: str) -> dict[str, NpyMember]:
+    """Headers of every array in an ``.npz``, keyed by array name (no data is read).
+
+    Works whether members are stored or deflated (`np.savez` / `np.savez_compressed`).
+    """
+    path = Path(path)
+    _check_exists(path, display)
+    members: dict[str, NpyMember] = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                key = info.filename[: -len(".npy")]
+                with zf.open(info) as f:
+                    shape, fortran, dtype = _read_npy_header(f, f"{display}[{key}]")
+                    members[key] = NpyMember(
+                        archive=path,
+                        member=info.filename,
+                        display=f"{display}[{key}]",
+                        shape=tuple(int(s) for s in shape),
+                        dtype=dtype,
+                        fortran_order=bool(fortran) and len(shape) > 1,
+                        header_bytes=f.tell(),
+                    )
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+        raise SourceError(f"{display}: not a readable .npz archive ({e})") from None
+    return members
+
+
+def iter_npy_flat(m: NpyMember, *, start: int, stop: int, chunk: int) -> Iterator[np.ndarray]:
+    """Yield elements ``[start, stop)`` of the member's flat data as [<=chunk] arrays.
+
+    Each call opens its own handle, so two of these can walk one member in step
+    (rows 0 and 1 of a C-order [2, E] ``edge_index``). Seeking forward in a deflated
+    member decompresses what it skips; nothing is held.
+    """
+    if m.dtype.hasobject:
+        raise SourceError(f"{m.display}: holds Python objects, not numbers")
+    itemsize = m.dtype.itemsize
+    chunk = max(1, int(chunk))
+    try:
+        with zipfile.ZipFile(m.archive) as zf, zf.open(m.member) as f:
+            f.seek(m.header_bytes + start * itemsize)
+            pos = start
+            while pos < stop:
+                n = min(chunk, stop - pos)
+                buf = f.read(n * itemsize)
+                if len(buf) != n * itemsize:
+                    raise SourceError(
+                        f"{m.display}: truncated: shape {m.shape} needs {m.size} elements, "
+                        f"data ends after {pos + len(buf) // itemsize}"
+                    )
+                yield np.frombuffer(buf, dtype=m.dtype)
+                pos += n
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+        raise SourceError(f"{m.display}: corrupt data ({e})") from None
+
+
+def iter_npy_rows(m: NpyMember, *, chunk_rows: int, dtype) -> Iterator[np.ndarray]:
+    """Stream a C-order [N, ...] member as [<=chunk_rows, ...] arrays of ``dtype`` (copies)."""
+    if not m.shape:
+        raise SourceError(f"{m.display}: expected an array, got a scalar")
+    if m.fortran_order:
+        raise SourceError(
+            f"{m.display}: stored column-major (Fortran order), which cannot be read by "
+            "rows; re-save it with np.ascontiguousarray"
+        )
+    row_elems = int(np.prod(m.shape[1:], dtype=np.int64)) if len(m.shape) > 1 else 1
+    chunk_rows = max(1, int(chunk_rows))
+    for flat in iter_npy_flat(m, start=0, stop=m.size, chunk=chunk_rows * row_elems):
+        yield flat.reshape((-1, *m.shape[1:])).astype(dtype)
+
+
+# --------------------------------------------------------------------------- archives
+
+
+def is_archive(path: str | os.PathLike) -> bool:
+    """True for ``.zip``, ``.tar``, ``.tar.gz`` and ``.tgz`` files (not ``.npz``)."""
+    name = str(path).lower()
+    return Path(path).is_file() and name.endswith(ARCHIVE_SUFFIXES)
+
+
+def _unsafe_member(name: str) -> bool:
+    name = name.replace("\\", "/")
+    parts = PurePosixPath(name).parts
+    return name.startswith("/") or re.match(r"^[A-Za-z]:", name) is not None or ".." in parts
+
+
+def list_archive(path: str | os.PathLike, *, display: str) -> list[str]:
+    """Names (posix, relative) of the regular files in an archive."""
+    path = Path(path)
+    try:
+        if str(path).lower().endswith(".zip"):
+            with zipfile.ZipFile(path) as zf:
+                return [i.filename for i in zf.infolist() if not i.is_dir()]
+        with tarfile.open(path, "r:*") as tf:
+            return [t.name for t in tf.getmembers() if t.isfile()]
+    except (zipfile.BadZipFile, tarfile.TarError, zlib.error, EOFError, OSError) as e:
+        raise SourceError(f"{display}: not a readable archive ({e})") from None
+
+
+def extract_archive(path: str | os.PathLike, dest: str | os.PathLike, *, display: str) -> Path:
+    """Extract a zip or tar(.gz) archive into ``dest`` and return ``dest``.
+
+    Raises
+    ------
+    SourceError
+        A member would land outside ``dest`` (absolute path, ``..``), a tar member is a
+        link or device, or the archive is unreadable.
+    """
+    path, dest = Path(path), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    root = dest.resolve()
+
+    def check(name: str) -> None:
+        target = (root / name.replace("\\", "/")).resolve()
+        if _unsafe_member(name) or (target != root and root not in target.parents):
+            raise SourceError(
+                f"{display}: member {name!r} would be written outside the extraction "
+                "directory; refusing to extract"
+            )
+
+    try:
+        if str(path).lower().endswith(".zip"):
+            with zipfile.ZipFile(path) as zf:
+                infos = zf.infolist()
+                for info in infos:
+                    check(info.filename)
+                for info in infos:
+                    zf.extract(info, root)
+        else:
+            with tarfile.open(path, "r:*") as tf:
+                members = tf.getmembers()
+                for t in members:
+                    check(t.name)
+                    if not (t.isfile() or t.isdir()):
+                        raise SourceError(
+                            f"{display}: member {t.name!r} is a link or special file; "
+                            "refusing to extract"
+                        )
+                kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+                tf.extractall(root, members=members, **kwargs)
+    except SourceError:
+        raise
+    except (zipfile.BadZipFile, tarfile.TarError, zlib.error, EOFError, OSError) as e:
+        raise SourceError(f"{display}: cannot extract ({e})") from None
+    return dest
+
+
+def single_root(directory: Path) -> Path:
+    """Descend while a directory holds exactly one subdirectory and nothing else.
+
+    Archives often wrap the dataset in one folder (``WN18RR/train.txt``, ``arxiv/raw``).
+    Never descends into ``raw/``: that folder is part of the OGB and Planetoid layouts.
+    """
+    directory = Path(directory)
+    while True:
+        entries = [e for e in directory.iterdir() if e.name not in ("__MACOSX", ".DS_Store")]
+        if len(entries) == 1 and entries[0].is_dir() and entries[0].name != "raw":
+            directory = entries[0]
+        else:
+            return directory
+
+
+def iter_rows_of(array: np.ndarray, chunk_rows: int, dtype=np.float32) -> Iterator[np.ndarray]:
+    """Yield [<=chunk_rows, ...] copies of a (possibly memory-mapped) array, in order."""
+    for start in range(0, len(array), max(1, int(chunk_rows))):
+        yield np.asarray(array[start : start + chunk_rows], dtype=dtype).copy()
+
+
+def feature_dtype(dtype: np.dtype) -> np.dtype:
+    """float16 stays float16 (ogbn-papers100M ships it, halving the store); else float32."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float16) if dtype.kind == "f" and dtype.itemsize == 2 else np.dtype(np.float32)
+
+
+def feature_chunk_rows(dim: int, itemsize: int = 4) -> int:
+    """Rows per feature chunk so one chunk is about `FEATURE_CHUNK_BYTES`."""
+    return max(1, FEATURE_CHUNK_BYTES // max(1, dim * itemsize))
+
+
+def names_under(directory: Path, *, max_depth: int = 3, limit: int = 20000) -> list[str]:
+    """Relative posix names of files (and ``dir/`` for folders) up to ``max_depth`` deep.
+
+    Bounded so detection never walks a huge tree.
+    """
+    out: list[str] = []
+    base = Path(directory)
+    stack: list[tuple[Path, int]] = [(base, 0)]
+    while stack and len(out) < limit:
+        current, depth = stack.pop()
+        try:
+            entries = sorted(current.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            rel = entry.relative_to(base).as_posix()
+            if entry.is_dir():
+                out.append(rel + "/")
+                if depth + 1 < max_depth:
+                    stack.append((entry, depth + 1))
+            else:
+                out.append(rel)
+    return out

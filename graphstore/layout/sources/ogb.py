@@ -1,0 +1,617 @@
+"""Open Graph Benchmark datasets in their raw layout, read straight from the files.
+
+Not through ogb's dataset classes: those prompt interactively, download when a file is
+missing and cache ``.pt`` files that newer torch refuses. Two raw layouts::
+
+    <root>/raw/edge.csv.gz, num-node-list.csv.gz, num-edge-list.csv.gz,
+               [node-feat.csv.gz], [node-label.csv.gz], [edge_reltype.csv.gz]
+    <root>/raw/data.npz (edge_index, node_feat, num_nodes_list, num_edges_list),
+               [node-label.npz]                                  (ogbn-papers100M)
+    <root>/split/<name>/{train,valid,test}.csv.gz     node property prediction
+    <root>/split/<name>/{train,valid,test}.pt         link property prediction
+
+Edges and features stream in chunks; labels and splits are read whole.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import re
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from graphstore.errors import SourceError, SourceNotFoundError
+from graphstore.layout.sources import _io
+from graphstore.layout.sources._io import NpyMember, ReadContext, dataset_name
+from graphstore.layout.sources.base import TASK_LINK, TASK_NODE, EdgeChunk, EdgeSplit, SourceGraph
+
+__all__ = ["OGB_NAME", "find_ogb_root", "is_ogb_name", "locate_ogb", "ogb_directed", "read_ogb"]
+
+log = logging.getLogger(__name__)
+
+OGB_NAME = re.compile(r"^ogb[nlg][-_][A-Za-z0-9][A-Za-z0-9_-]*$")
+"""What an OGB dataset name looks like (``ogbn-arxiv``, ``ogbl_ddi``)."""
+
+# Datasets OGB loads without adding inverse edges (master.csv ``add_inverse_edge`` False):
+# their edge lists are directed. Every other single-graph dataset is undirected.
+_DIRECTED = frozenset({"ogbn-arxiv", "ogbn-papers100m", "ogbl-citation2", "ogbl-wikikg2"})
+# Folder names inside ogb's download zips, for an extracted zip or a folder never renamed.
+_DOWNLOAD_NAMES = {
+    "arxiv": "ogbn-arxiv",
+    "products": "ogbn-products",
+    "papers100M-bin": "ogbn-papers100M",
+    "ddi": "ogbl-ddi",
+    "collab": "ogbl-collab",
+    "ppassoc": "ogbl-ppa",
+    "citation-v2": "ogbl-citation2",
+    "wikikg-v2": "ogbl-wikikg2",
+}
+_SPLITS = ("train", "valid", "test")
+_HETERO_MARKERS = ("num-node-dict.csv.gz", "relations", "triplet-type-list.csv.gz", "edge_index_dict.npz")
+
+
+def is_ogb_name(text: str) -> bool:
+    """True when ``text`` looks like an OGB dataset name rather than a path."""
+    return bool(OGB_NAME.match(str(text)))
+
+
+def ogb_name(text: str) -> str:
+    """Canonical name: ``ogbl_ddi`` -> ``ogbl-ddi``, ``arxiv`` (ogb's zip folder) ->
+    ``ogbn-arxiv``; other names unchanged."""
+    m = re.match(r"^(ogb[nlg])_(.+)$", text, flags=re.IGNORECASE)
+    if m:
+        return f"{m.group(1)}-{m.group(2)}"
+    return _DOWNLOAD_NAMES.get(text, text)
+
+
+def ogb_directed(name: str) -> bool:
+    """Whether OGB treats the dataset's edge list as directed (see `_DIRECTED`)."""
+    return ogb_name(name).lower() in _DIRECTED
+
+
+def find_ogb_root(path: Path) -> Path:
+    """The dataset directory (the one holding ``raw/``) for ``path`` or ``path/..``."""
+    if (path / "raw").is_dir():
+        return path
+    if path.name == "raw" and path.is_dir():
+        return path.parent
+    raise SourceNotFoundError(f"raw/: directory not found (looked in {path})")
+
+
+def locate_ogb(name: str, root: str | os.PathLike | None) -> Path:
+    """Find (or, if ogb is installed, download) the dataset ``name`` under ``root``.
+
+    Looks for ``<root>/<name with underscores>`` and ``<root>/<name>``; without a root,
+    under ``./dataset`` (ogb's default) and ``.``. Never prompts.
+
+    Raises
+    ------
+    SourceNotFoundError
+        Nothing found and nothing downloaded; the message lists every place looked.
+    """
+    roots = [Path(root)] if root is not None else [Path.cwd() / "dataset", Path.cwd()]
+    canonical = ogb_name(name)
+    dir_names = list(dict.fromkeys([canonical.replace("-", "_"), canonical, name]))
+    looked = [r / d for r in roots for d in dir_names]
+    for candidate in looked:
+        if (candidate / "raw").is_dir():
+            return candidate
+    downloaded, note = _download_with_ogb(canonical, roots[0])
+    if downloaded is not None:
+        return downloaded
+    raise SourceNotFoundError(
+        f"{canonical}: raw/edge.csv.gz (or raw/data.npz) not found; looked in "
+        f"{', '.join(str(p / 'raw') for p in looked)}; {note}"
+    )
+
+
+def _download_with_ogb(name: str, root: Path) -> tuple[Path | None, str]:
+    """Fetch the dataset with ogb's own downloader, when ogb is importable."""
+    try:
+        ogb_url = importlib.import_module("ogb.utils.url")
+    except ImportError:
+        return None, "the ogb package is not installed, so nothing was downloaded (pass --root DIR)"
+    kind = {"ogbn": "nodeproppred", "ogbl": "linkproppred", "ogbg": "graphproppred"}[name[:4].lower()]
+    try:
+        package = importlib.import_module(f"ogb.{kind}")
+        master = pd.read_csv(Path(package.__file__).parent / "master.csv", index_col=0,
+                             keep_default_na=False)
+        url, download_name = str(master[name]["url"]), str(master[name]["download_name"])
+    except Exception as e:  # any failure reading ogb's own table means: no download
+        return None, f"ogb has no download entry for {name} ({type(e).__name__}: {e})"
+    target = root / name.replace("-", "_")
+    log.info("downloading %s from %s into %s", name, url, root)
+    previous = socket.getdefaulttimeout()
+    # ogb's downloader opens the URL without a timeout; bound it so no network fails fast.
+    socket.setdefaulttimeout(60)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        archive = Path(ogb_url.download_url(url, str(root), log=False))
+        _io.extract_archive(archive, root, display=str(archive))
+        archive.unlink()
+        if (root / download_name).is_dir() and not target.exists():
+            (root / download_name).rename(target)
+    except Exception as e:  # network, disk or archive errors all end the attempt
+        return None, f"downloading {url} with ogb failed ({type(e).__name__}: {e})"
+    finally:
+        socket.setdefaulttimeout(previous)
+    if not (target / "raw").is_dir():
+        return None, f"downloaded {url} but found no {target / 'raw'}"
+    return target, ""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _raw_file(raw: Path, stem: str) -> Path | None:
+    for name in (f"{stem}.csv.gz", f"{stem}.csv"):
+        if (raw / name).is_file():
+            return raw / name
+    return None
+
+
+def _single_count(file: Path, ctx: ReadContext) -> int:
+    display = ctx.show(file)
+    values = _io.read_csv_all(file, ncols=1, dtype=np.int64, display=display)[:, 0]
+    if len(values) != 1:
+        raise SourceError(
+            f"{display}: {len(values)} lines (one per graph); only single-graph datasets "
+            "(node or link property prediction) are supported"
+        )
+    return int(values[0])
+
+
+def _labels_from_float(values: np.ndarray, display: str, where) -> np.ndarray:
+    """[N] float labels -> int64 with NaN -> -1; ``where(i)`` names row i in messages."""
+    nan = np.isnan(values)
+    bad = np.flatnonzero(~nan & ((values != np.round(values)) | (values < -1)))
+    if len(bad):
+        raise SourceError(f"{display} {where(int(bad[0]))}: {values[bad[0]]} is not a class id")
+    return np.where(nan, -1, values).astype(np.int64)
+
+
+def _to_numpy(value, display: str, key: str) -> np.ndarray:
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor
+        value = value.detach().cpu().numpy()
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu":
+        raise SourceError(f"{display}[{key!r}]: expected integer node ids, got dtype {array.dtype}")
+    return array.astype(np.int64, copy=False)
+
+
+def _read_pt_split(file: Path, ctx: ReadContext) -> tuple[EdgeSplit, list[str]]:
+    """One ``split/<name>/<split>.pt`` as an `EdgeSplit` and the keys it did not use."""
+    display = ctx.show(file)
+    import torch  # deferred: only link datasets need it
+
+    try:
+        # The files are legacy pickles of dicts of tensors/arrays, which the safe
+        # weights-only loader rejects; they come from the dataset the user chose to read.
+        obj = torch.load(file, weights_only=False, map_location="cpu")
+    except FileNotFoundError:
+        raise SourceNotFoundError(f"{display}: file not found (looked in {file.parent})") from None
+    except Exception as e:  # torch.load raises many types for a bad file
+        raise SourceError(f"{display}: cannot load ({type(e).__name__}: {e})") from None
+    if not isinstance(obj, dict):
+        raise SourceError(f"{display}: expected a dict of arrays, got {type(obj).__name__}")
+
+    def get(key: str, ndim: int) -> np.ndarray:
+        array = _to_numpy(obj[key], display, key)
+        if array.ndim != ndim:
+            raise SourceError(f"{display}[{key!r}]: expected {ndim} dimensions, got shape {array.shape}")
+        return array
+
+    def check_rows(key: str, array: np.ndarray, n: int) -> None:
+        if len(array) != n:
+            raise SourceError(f"{display}[{key!r}]: {len(array)} rows, expected {n} (one per positive)")
+
+    if "edge" in obj:
+        used = {"edge", "edge_neg"}
+        edge = get("edge", 2)
+        if edge.shape[1] != 2:
+            raise SourceError(f"{display}['edge']: expected shape [n, 2], got {edge.shape}")
+        neg_src = neg_dst = None
+        if "edge_neg" in obj:
+            neg = get("edge_neg", 2)
+            if neg.shape[1] != 2:
+                raise SourceError(f"{display}['edge_neg']: expected shape [m, 2], got {neg.shape}")
+            neg_src, neg_dst = neg[:, 0].copy(), neg[:, 1].copy()
+        split = EdgeSplit(src=edge[:, 0].copy(), dst=edge[:, 1].copy(), neg_src=neg_src, neg_dst=neg_dst)
+    elif "source_node" in obj:
+        used = {"source_node", "target_node", "target_node_neg"}
+        if "target_node" not in obj:
+            raise SourceError(f"{display}: has 'source_node' but no 'target_node'")
+        src, dst = get("source_node", 1), get("target_node", 1)
+        check_rows("target_node", dst, len(src))
+        neg_dst = None
+        if "target_node_neg" in obj:
+            neg_dst = get("target_node_neg", 2)
+            check_rows("target_node_neg", neg_dst, len(src))
+        split = EdgeSplit(src=src, dst=dst, neg_dst=neg_dst)
+    elif "head" in obj:
+        used = {"head", "relation", "tail", "tail_neg"}
+        for key in ("relation", "tail"):
+            if key not in obj:
+                raise SourceError(f"{display}: has 'head' but no {key!r}")
+        src, rel, dst = get("head", 1), get("relation", 1), get("tail", 1)
+        check_rows("relation", rel, len(src))
+        check_rows("tail", dst, len(src))
+        neg_dst = None
+        if "tail_neg" in obj:
+            neg_dst = get("tail_neg", 2)
+            check_rows("tail_neg", neg_dst, len(src))
+        split = EdgeSplit(src=src, dst=dst, rel=rel, neg_dst=neg_dst)
+    else:
+        raise SourceError(
+            f"{display}: unknown split layout (keys {sorted(map(str, obj))}); expected 'edge', "
+            "'source_node'/'target_node' or 'head'/'relation'/'tail'"
+        )
+    return split, sorted(str(k) for k in obj if k not in used)
+
+
+def _choose_split_dir(root: Path, ctx: ReadContext) -> Path | None:
+    split_root = root / "split"
+    names = sorted(p.name for p in split_root.iterdir() if p.is_dir()) if split_root.is_dir() else []
+    wanted = ctx.option("split")
+    if wanted is not None:
+        if str(wanted) not in names:
+            raise SourceNotFoundError(
+                f"split/{wanted}: directory not found (looked in {split_root}; "
+                f"available: {', '.join(names) or 'none'})"
+            )
+        return split_root / str(wanted)
+    if len(names) > 1:
+        raise SourceError(f"{split_root}: several splits ({', '.join(names)}); choose one with --split")
+    return split_root / names[0] if names else None
+
+
+# --------------------------------------------------------------------------- reader
+
+
+@dataclass
+class _Graph:
+    """What the two raw layouts (csv, npz) have in common, before splits."""
+
+    num_nodes: int = 0
+    num_edges_declared: int | None = None
+    edges: Callable[[], Iterator[EdgeChunk]] | None = None
+    feature_dim: int = 0
+    features: Callable[[], Iterator[np.ndarray]] | None = None
+    labels: np.ndarray | None = None
+    describe_edge: Callable[[int], str] | None = None
+    describe_feature_row: Callable[[int], str] | None = None
+    rel_file: Path | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    consumed: set[str] = field(default_factory=set)
+    """Names of the raw files read; the rest are reported as ignored."""
+
+
+def _csv_graph(raw: Path, ctx: ReadContext) -> _Graph:
+    g = _Graph()
+    node_count_file = _raw_file(raw, "num-node-list")
+    edge_file = _raw_file(raw, "edge")
+    for stem, found in (("num-node-list", node_count_file), ("edge", edge_file)):
+        if found is None:
+            raise SourceNotFoundError(f"raw/{stem}.csv.gz: file not found (looked in {ctx.show(raw)})")
+    g.num_nodes = _single_count(node_count_file, ctx)
+    g.files["num_nodes"] = str(node_count_file)
+    edge_count_file = _raw_file(raw, "num-edge-list")
+    g.num_edges_declared = _single_count(edge_count_file, ctx) if edge_count_file else None
+    g.rel_file = _raw_file(raw, "edge_reltype")
+    g.files["edges"] = str(edge_file)
+    g.consumed |= {p.name for p in (node_count_file, edge_count_file, edge_file, g.rel_file) if p}
+
+    edge_display = ctx.show(edge_file)
+    rel_file, declared = g.rel_file, g.num_edges_declared
+
+    def edges():
+        step = _io.EDGE_CHUNK_ROWS
+        pairs = _io.iter_csv(edge_file, ncols=2, dtype=np.int64, chunk_rows=step, display=edge_display)
+        rels = None
+        if rel_file is not None:
+            rels = _io.iter_csv(rel_file, ncols=1, dtype=np.int64, chunk_rows=step,
+                                display=ctx.show(rel_file))
+        total = 0
+        for chunk in pairs:
+            rel = None
+            if rels is not None:
+                rel_chunk = next(rels, None)
+                if rel_chunk is None or len(rel_chunk) != len(chunk):
+                    have = total + (0 if rel_chunk is None else len(rel_chunk))
+                    raise SourceError(
+                        f"{ctx.show(rel_file)}: {have} lines but {edge_display} has more edges "
+                        f"(at least {total + len(chunk)})"
+                    )
+                rel = np.ascontiguousarray(rel_chunk[:, 0])
+            total += len(chunk)
+            yield EdgeChunk(src=np.ascontiguousarray(chunk[:, 0]),
+                            dst=np.ascontiguousarray(chunk[:, 1]), rel=rel)
+        if rels is not None and next(rels, None) is not None:
+            raise SourceError(f"{ctx.show(rel_file)}: more lines than the {total} edges of {edge_display}")
+        if declared is not None and total != declared:
+            raise SourceError(
+                f"{edge_display}: {total} edges but {ctx.show(edge_count_file)} says {declared}"
+            )
+
+    g.edges = edges
+    g.describe_edge = lambda i: f"line {i + 1}"
+    g.describe_feature_row = lambda i: f"line {i + 1}"
+
+    feat_file = _raw_file(raw, "node-feat")
+    if feat_file is not None:
+        g.consumed.add(feat_file.name)
+        g.files["features"] = str(feat_file)
+        feat_display = ctx.show(feat_file)
+        dim = _io.count_columns(feat_file, display=feat_display)
+        g.feature_dim = dim
+        num_nodes = g.num_nodes
+
+        def features():
+            rows = 0
+            for chunk in _io.iter_csv(feat_file, ncols=dim, dtype=np.float32,
+                                      chunk_rows=_io.feature_chunk_rows(dim), display=feat_display):
+                rows += len(chunk)
+                yield chunk
+            if rows != num_nodes:
+                raise SourceError(
+                    f"{feat_display}: {rows} rows but {ctx.show(node_count_file)} says {num_nodes} nodes"
+                )
+
+        g.features = features
+
+    label_file = _raw_file(raw, "node-label")
+    if label_file is not None:
+        g.consumed.add(label_file.name)
+        g.files["labels"] = str(label_file)
+        display = ctx.show(label_file)
+        width = _io.count_columns(label_file, display=display)
+        if width > 1:
+            raise SourceError(
+                f"{display}: {width} label columns; multi-task labels are not supported"
+            )
+        values = _io.read_csv_all(label_file, ncols=1, dtype=np.float64, display=display,
+                                  missing_ok=True)[:, 0]
+        g.labels = _labels_from_float(values, display, lambda i: f"line {i + 1}")
+        if len(g.labels) != g.num_nodes:
+            raise SourceError(
+                f"{display}: {len(g.labels)} labels but {ctx.show(node_count_file)} says {g.num_nodes} nodes"
+            )
+    return g
+
+
+def _npz_scalar_list(m: NpyMember) -> np.ndarray:
+    parts = list(_io.iter_npy_flat(m, start=0, stop=m.size, chunk=max(1, m.size)))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _npz_graph(raw: Path, ctx: ReadContext) -> _Graph:
+    g = _Graph()
+    data_file = raw / "data.npz"
+    display = ctx.show(data_file)
+    members = _io.npz_members(data_file, display=display)
+    g.files.update({"edges": str(data_file), "num_nodes": str(data_file)})
+    g.consumed.add("data.npz")
+
+    def need(key: str) -> NpyMember:
+        if key not in members:
+            raise SourceError(f"{display}: array {key!r} missing (has {', '.join(sorted(members))})")
+        return members[key]
+
+    counts = _npz_scalar_list(need("num_nodes_list"))
+    if len(counts) != 1:
+        raise SourceError(
+            f"{display}[num_nodes_list]: {len(counts)} graphs; only single-graph datasets are supported"
+        )
+    g.num_nodes = int(counts[0])
+    g.num_edges_declared = None
+    if "num_edges_list" in members:
+        edge_counts = _npz_scalar_list(members["num_edges_list"])
+        if len(edge_counts) != 1:
+            raise SourceError(
+                f"{display}[num_edges_list]: {len(edge_counts)} graphs; only single-graph datasets "
+                "are supported"
+            )
+        g.num_edges_declared = int(edge_counts[0])
+
+    ei = need("edge_index")
+    if len(ei.shape) != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iu":
+        raise SourceError(f"{ei.display}: expected integer shape [2, E], got {ei.dtype} {ei.shape}")
+    num_edges = ei.shape[1]
+    if g.num_edges_declared is not None and g.num_edges_declared != num_edges:
+        raise SourceError(f"{ei.display}: {num_edges} edges but num_edges_list says {g.num_edges_declared}")
+
+    def edges():
+        step = _io.EDGE_CHUNK_ROWS
+        if ei.fortran_order:
+            # Column-major [2, E] is E consecutive (src, dst) pairs.
+            for flat in _io.iter_npy_flat(ei, start=0, stop=2 * num_edges, chunk=2 * step):
+                pairs = flat.reshape(-1, 2).astype(np.int64)
+                yield EdgeChunk(src=np.ascontiguousarray(pairs[:, 0]), dst=np.ascontiguousarray(pairs[:, 1]))
+            return
+        # Row-major: row 0 (sources) then row 1 (destinations); walk both in step.
+        srcs = _io.iter_npy_flat(ei, start=0, stop=num_edges, chunk=step)
+        dsts = _io.iter_npy_flat(ei, start=num_edges, stop=2 * num_edges, chunk=step)
+        for s, d in zip(srcs, dsts):
+            yield EdgeChunk(src=s.astype(np.int64), dst=d.astype(np.int64))
+
+    g.edges = edges
+    g.describe_edge = lambda i: f"edge_index[:, {i}]"
+    g.describe_feature_row = lambda i: f"node_feat[{i}]"
+
+    feat = members.get("node_feat")
+    if feat is not None and not feat.dtype.hasobject and feat.shape:  # None is saved as an object
+        if len(feat.shape) != 2 or feat.dtype.kind not in "biuf":
+            raise SourceError(f"{feat.display}: expected numeric shape [N, D], got {feat.dtype} {feat.shape}")
+        if feat.shape[0] != g.num_nodes:
+            raise SourceError(f"{feat.display}: {feat.shape[0]} rows but num_nodes_list says {g.num_nodes}")
+        g.feature_dim = int(feat.shape[1])
+        g.files["features"] = str(data_file)
+        out_dtype = _io.feature_dtype(feat.dtype)
+        rows = _io.feature_chunk_rows(g.feature_dim, out_dtype.itemsize)
+        g.features = lambda: _io.iter_npy_rows(feat, chunk_rows=rows, dtype=out_dtype)
+
+    label_file = raw / "node-label.npz"
+    if label_file.is_file():
+        g.consumed.add(label_file.name)
+        g.files["labels"] = str(label_file)
+        label_display = ctx.show(label_file)
+        label_members = _io.npz_members(label_file, display=label_display)
+        if "node_label" not in label_members:
+            has = ", ".join(sorted(label_members))
+            raise SourceError(f"{label_display}: array 'node_label' missing (has {has})")
+        m = label_members["node_label"]
+        if len(m.shape) == 2 and m.shape[1] > 1:
+            raise SourceError(f"{m.display}: {m.shape[1]} label columns; multi-task labels are not supported")
+        if len(m.shape) not in (1, 2) or m.dtype.kind not in "biuf":
+            raise SourceError(f"{m.display}: expected numeric shape [N] or [N, 1], got {m.dtype} {m.shape}")
+        if m.shape[0] != g.num_nodes:
+            raise SourceError(f"{m.display}: {m.shape[0]} labels but num_nodes_list says {g.num_nodes} nodes")
+        # Converted chunk by chunk so a float64 copy of all labels never exists at once.
+        parts = [
+            _labels_from_float(chunk.astype(np.float64).reshape(-1), m.display, lambda i: f"row {i}")
+            for chunk in _io.iter_npy_flat(m, start=0, stop=m.size, chunk=_io.EDGE_CHUNK_ROWS)
+        ]
+        g.labels = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return g
+
+
+def _num_relations(rel_file: Path | None, splits: dict[str, EdgeSplit], ctx: ReadContext) -> int:
+    highest = -1
+    if rel_file is not None:
+        for chunk in _io.iter_csv(rel_file, ncols=1, dtype=np.int64, chunk_rows=_io.EDGE_CHUNK_ROWS,
+                                  display=ctx.show(rel_file)):
+            if len(chunk):
+                highest = max(highest, int(chunk.max()))
+    for split in splits.values():
+        if split.rel is not None and len(split.rel):
+            highest = max(highest, int(split.rel.max()))
+    return highest + 1
+
+
+def read_ogb(path: Path, ctx: ReadContext) -> SourceGraph:
+    """Read an OGB node or link property prediction dataset from its raw files.
+
+    Node task when node labels exist, link task when ``split/<name>/*.pt`` exist.
+    ``directed`` follows OGB (`ogb_directed`), unless the ``directed`` option is given.
+    For a link dataset without ``train.pt`` (the shared ogbl-ddi copy) the training
+    edges are the raw edges; ``split_origin["train"]`` says so.
+    """
+    root = find_ogb_root(path)
+    raw = root / "raw"
+    for marker in _HETERO_MARKERS:
+        if (raw / marker).exists():
+            raise SourceError(
+                f"{ctx.show(raw / marker)}: heterogeneous OGB datasets (ogbn-mag, ogbl-biokg) are "
+                "not supported"
+            )
+    if (raw / "graph-label.csv.gz").exists():
+        raise SourceError(
+            f"{ctx.show(raw / 'graph-label.csv.gz')}: graph property prediction datasets are not supported"
+        )
+    layout = "npz" if (raw / "data.npz").is_file() and _raw_file(raw, "edge") is None else "csv"
+    g = _npz_graph(raw, ctx) if layout == "npz" else _csv_graph(raw, ctx)
+
+    name = ogb_name(ctx.origin) if is_ogb_name(ctx.origin) else ogb_name(dataset_name(str(root)))
+    split_dir = _choose_split_dir(root, ctx)
+    split_files = {}
+    node_splits: dict[str, np.ndarray] = {}
+    edge_splits: dict[str, EdgeSplit] = {}
+    extra: dict = {"layout": layout}
+    origin: dict = {"kind": "none"}
+    tasks: list[str] = []
+
+    if g.labels is not None:
+        tasks.append(TASK_NODE)
+        if split_dir is not None:
+            for s in _SPLITS:
+                file = _raw_file(split_dir, s)
+                if file is None:
+                    raise SourceNotFoundError(
+                        f"split/{split_dir.name}/{s}.csv.gz: file not found "
+                        f"(looked in {ctx.show(split_dir)})"
+                    )
+                node_splits[s] = _io.read_csv_all(file, ncols=1, dtype=np.int64, display=ctx.show(file))[:, 0]
+                split_files[s] = file
+            origin = {"kind": "shipped", "name": split_dir.name}
+
+    if split_dir is not None and any(split_dir.glob("*.pt")):
+        tasks.append(TASK_LINK)
+        unused: dict[str, list[str]] = {}
+        for s in ("valid", "test"):
+            file = split_dir / f"{s}.pt"
+            edge_splits[s], unused[s] = _read_pt_split(file, ctx)
+            split_files[s] = file
+        origin = {"kind": "shipped", "name": split_dir.name}
+        train_file = split_dir / "train.pt"
+        if train_file.is_file():
+            edge_splits["train"], unused["train"] = _read_pt_split(train_file, ctx)
+            split_files["train"] = train_file
+        else:
+            # Only the training edges are missing, and for OGB link datasets those are
+            # exactly the raw graph edges. Held in memory like the .pt splits would be.
+            chunks = list(g.edges())
+
+            def joined(part: str) -> np.ndarray:
+                arrays = [getattr(c, part) for c in chunks]
+                return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+
+            has_rel = bool(chunks) and chunks[0].rel is not None
+            edge_splits["train"] = EdgeSplit(
+                src=joined("src"), dst=joined("dst"), rel=joined("rel") if has_rel else None
+            )
+            split_files["train"] = Path(g.files["edges"])
+            origin["train"] = (
+                f"raw edges: split/{split_dir.name}/train.pt is absent, so the training edges "
+                "are the raw graph edges"
+            )
+        if any(unused.values()):
+            extra["split_extra_keys"] = {s: keys for s, keys in unused.items() if keys}
+
+    num_relations = 0
+    if any(split.rel is not None for split in edge_splits.values()) and g.rel_file is None:
+        # Typed split edges need typed graph edges, and only the raw file has those.
+        raise SourceNotFoundError(
+            f"raw/edge_reltype.csv.gz: file not found (looked in {ctx.show(raw)}); the split "
+            "files give relations, so the graph edges need them too"
+        )
+    if g.rel_file is not None:
+        num_relations = _num_relations(g.rel_file, edge_splits, ctx)
+        g.files["relations"] = str(g.rel_file)
+
+    g.files.update({f"split:{s}": str(f) for s, f in split_files.items()})
+    ignored = sorted(p.name for p in raw.iterdir() if p.name not in g.consumed)
+    if ignored:
+        extra["ignored_raw_files"] = ignored
+    if g.num_edges_declared is not None:
+        extra["num_edges_declared"] = g.num_edges_declared
+    labeled = g.labels is not None and len(g.labels) and g.labels.max() >= 0
+    num_classes = int(g.labels.max() + 1) if labeled else 0
+
+    return SourceGraph(
+        name=name,
+        format="ogb",
+        path=ctx.origin,
+        num_nodes=g.num_nodes,
+        directed=bool(ctx.option("directed", ogb_directed(name))),
+        edges=g.edges,
+        num_relations=num_relations,
+        feature_dim=g.feature_dim,
+        features=g.features,
+        labels=g.labels,
+        num_classes=num_classes,
+        node_splits=node_splits,
+        edge_splits=edge_splits,
+        split_origin=origin,
+        tasks=tuple(tasks),
+        files=g.files,
+        describe_edge=g.describe_edge,
+        describe_feature_row=g.describe_feature_row,
+        extra=extra,
+    )

@@ -1,0 +1,79 @@
+"""Fixtures shared across the suite: the real datasets and a hand-made graph factory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from graphstore.layout.sources.base import TASK_NODE, EdgeChunk, SourceGraph
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """``../shared/data`` (read-only); tests needing it skip on a user's machine without it."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data not present (only the developers' machines and CI have it)")
+    return SHARED_DATA
+
+
+def make_graph(
+    num_nodes: int = 300,
+    num_edges: int = 1500,
+    *,
+    seed: int = 0,
+    directed: bool = False,
+    feature_dim: int = 3,
+    num_classes: int = 4,
+    num_relations: int = 0,
+    edge_chunk: int = 400,
+    feature_chunk: int = 70,
+    self_loops: int = 5,
+    duplicates: int = 7,
+) -> tuple[SourceGraph, dict[str, np.ndarray]]:
+    """A seeded random graph as a `SourceGraph`, plus the raw arrays it streams.
+
+    Feature row i is ``[i, i + 0.5, ...]`` (a PyG habit): every gather is checkable exactly.
+    The edge list has ``self_loops`` self loops and ``duplicates`` repeated edges on purpose.
+    """
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, num_nodes, num_edges)
+    dst = rng.integers(0, num_nodes, num_edges)
+    dst[:self_loops] = src[:self_loops]
+    if duplicates:
+        src[-duplicates:] = src[self_loops : self_loops + duplicates]
+        dst[-duplicates:] = dst[self_loops : self_loops + duplicates]
+    rel = rng.integers(0, num_relations, num_edges) if num_relations else None
+    if rel is not None and duplicates:
+        rel[-duplicates:] = rel[self_loops : self_loops + duplicates]
+    features = (np.arange(num_nodes, dtype=np.float32)[:, None] + 0.5 * np.arange(feature_dim, dtype=np.float32))
+    labels = rng.integers(-1, num_classes, num_nodes)
+    order = rng.permutation(num_nodes)
+    splits = {"train": order[: num_nodes // 2], "valid": order[num_nodes // 2 : 3 * num_nodes // 4],
+              "test": order[3 * num_nodes // 4 :]}
+
+    def edges():
+        for start in range(0, num_edges, edge_chunk):
+            stop = start + edge_chunk
+            yield EdgeChunk(src[start:stop], dst[start:stop], None if rel is None else rel[start:stop])
+
+    def feature_rows():
+        for start in range(0, num_nodes, feature_chunk):
+            yield features[start : start + feature_chunk]
+
+    graph = SourceGraph(
+        name="handmade", format="memory", path="memory", num_nodes=num_nodes, directed=directed,
+        edges=edges, num_relations=num_relations, feature_dim=feature_dim,
+        features=feature_rows if feature_dim else None, labels=labels, num_classes=num_classes,
+        node_splits=splits, tasks=(TASK_NODE,), split_origin={"kind": "handmade", "seed": seed},
+        files={"edges": "memory:edges", "features": "memory:features", "labels": "memory:labels"},
+        describe_edge=lambda i: f"line {i + 1}",
+    )
+    raw = {"src": src, "dst": dst, "features": features, "labels": labels}
+    if rel is not None:
+        raw["rel"] = rel
+    return graph, raw

@@ -1,0 +1,316 @@
+"""Conversion: round trips, partition layout, flags and counts, atomicity, converter-level
+bad input. Sources here are hand-made `SourceGraph`s (see conftest.make_graph)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import graphstore
+from graphstore.errors import ConfigError, SourceError, StoreExistsError, StoreNotFoundError
+from graphstore.layout._convert import ConvertOptions, convert
+from graphstore.layout._verify import verify_store
+from graphstore.layout.sources.base import EdgeChunk
+from tests.conftest import REPO, make_graph
+
+
+def expected_edges(raw, *, directed, keep_self_loops=False, keep_duplicates=False):
+    """The stored edge multiset the rules promise, as a sorted list of tuples (source ids)."""
+    src, dst = raw["src"], raw["dst"]
+    rel = raw.get("rel")
+    rows = []
+    for k in range(len(src)):
+        s, d = int(src[k]), int(dst[k])
+        r = () if rel is None else (int(rel[k]),)
+        if s == d and not keep_self_loops:
+            continue
+        rows.append((s, d, *r))
+        if not directed and s != d:
+            rows.append((d, s, *r))
+    if not keep_duplicates:
+        rows = set(rows)
+    return sorted(rows)
+
+
+def stored_edges(store):
+    orig = store.to_source_ids(np.arange(store.num_nodes))
+    src = orig[store.array("edges/src")[...]]
+    dst = orig[store.array("edges/dst")[...]]
+    cols = [src, dst]
+    if store.manifest.has_relations:
+        cols.append(store.array("edges/rel")[...])
+    return sorted(zip(*[c.tolist() for c in cols]))
+
+
+@pytest.mark.parametrize("partitioner", ["metis", "random", "sequential", "stream"])
+@pytest.mark.parametrize("directed", [False, True])
+def test_round_trip_every_partitioner(tmp_path, partitioner, directed):
+    graph, raw = make_graph(directed=directed)
+    manifest = convert(graph, tmp_path / "g.gs", ConvertOptions(num_partitions=6, partitioner=partitioner))
+    store = graphstore.open(tmp_path / "g.gs")
+    n = graph.num_nodes
+    orig = store.to_source_ids(np.arange(n))
+    assert sorted(orig.tolist()) == list(range(n))
+    np.testing.assert_array_equal(store.to_store_ids(orig), np.arange(n))
+    np.testing.assert_array_equal(store.features[...], raw["features"][orig])
+    np.testing.assert_array_equal(store.labels[...], raw["labels"][orig])
+    assert stored_edges(store) == expected_edges(raw, directed=directed)
+    for name, ids in graph.node_splits.items():
+        np.testing.assert_array_equal(store.read_node_split(name), np.sort(store.to_store_ids(ids)))
+    # Partition-contiguous, inside a partition in ascending source id.
+    size = store.partition_size
+    assert size == -(-n // 6) and manifest.num_partitions == 6
+    for k in range(6):
+        start, stop = store.partition_range(k)
+        assert (np.diff(orig[start:stop]) > 0).all()
+        np.testing.assert_array_equal(store.read_features(k), raw["features"][orig[start:stop]])
+    assert manifest.partitioner["method"] == partitioner
+    assert manifest.conversion["self_loops_dropped"] == int((raw["src"] == raw["dst"]).sum()) >= 5
+    verify_store(tmp_path / "g.gs")
+
+
+def test_degrees_and_buckets_match_the_edges(tmp_path):
+    graph, raw = make_graph(num_nodes=200, num_edges=2000)
+    convert(graph, tmp_path / "g.gs", ConvertOptions(num_partitions=5, partitioner="random", seed=3))
+    store = graphstore.open(tmp_path / "g.gs")
+    src, dst = store.array("edges/src")[...], store.array("edges/dst")[...]
+    np.testing.assert_array_equal(store.read_degree("in"), np.bincount(dst, minlength=200))
+    np.testing.assert_array_equal(store.read_degree("out"), np.bincount(src, minlength=200))
+    size = store.partition_size
+    total = 0
+    for i in range(5):
+        for j in range(5):
+            bs, bd, rel = store.read_bucket(i, j)
+            assert rel is None
+            mask = (src // size == i) & (dst // size == j)
+            assert sorted(zip(bs.tolist(), bd.tolist())) == sorted(zip(src[mask].tolist(), dst[mask].tolist()))
+            assert list(zip(bd.tolist(), bs.tolist())) == sorted(zip(bd.tolist(), bs.tolist()))
+            total += len(bs)
+    assert total == store.num_edges
+    cut = int(((src // size) != (dst // size)).sum())
+    assert store.manifest.partitioner["cut_edges"] == cut
+    assert store.manifest.partitioner["edge_cut"] == pytest.approx(cut / store.num_edges)
+
+
+def test_flags_keep_self_loops_and_duplicates(tmp_path):
+    graph, raw = make_graph(directed=True)
+    m = convert(graph, tmp_path / "k.gs", ConvertOptions(num_partitions=3, keep_self_loops=True,
+                                                         keep_duplicates=True, partitioner="random"))
+    store = graphstore.open(tmp_path / "k.gs")
+    assert stored_edges(store) == expected_edges(raw, directed=True, keep_self_loops=True, keep_duplicates=True)
+    assert m.num_edges == len(raw["src"])
+    assert m.conversion["self_loops"] == int((raw["src"] == raw["dst"]).sum()) and m.conversion["self_loops_dropped"] == 0
+    assert m.conversion["duplicates_merged"] == 0
+    m2 = convert(graph, tmp_path / "d.gs", ConvertOptions(num_partitions=3, partitioner="random"))
+    # The fixture repeats 7 edges; a random graph may repeat a few more by chance.
+    merged = len(raw["src"]) - m2.conversion["self_loops"] - m2.num_edges
+    assert m2.conversion["duplicates_merged"] == merged >= 7
+    verify_store(tmp_path / "k.gs")
+
+
+def test_relations_are_kept_and_distinguish_duplicates(tmp_path):
+    graph, raw = make_graph(directed=True, num_relations=4, feature_dim=0)
+    convert(graph, tmp_path / "r.gs", ConvertOptions(num_partitions=4, partitioner="stream"))
+    store = graphstore.open(tmp_path / "r.gs")
+    assert store.num_relations == 4 and store.features is None and store.feature_dim == 0
+    assert stored_edges(store) == expected_edges(raw, directed=True)
+    for j in range(4):
+        _, bd, rel = store.read_bucket(1, j)
+        assert rel is not None and len(rel) == len(bd)
+    verify_store(tmp_path / "r.gs")
+
+
+def test_small_streaming_chunks_give_the_same_store(tmp_path):
+    graph, _ = make_graph(num_nodes=500, num_edges=4000, edge_chunk=37, feature_chunk=11)
+    convert(graph, tmp_path / "a.gs", ConvertOptions(num_partitions=4, partitioner="random", chunk_edges=53))
+    convert(graph, tmp_path / "b.gs", ConvertOptions(num_partitions=4, partitioner="random"))
+    a, b = graphstore.open(tmp_path / "a.gs"), graphstore.open(tmp_path / "b.gs")
+    for name in ["edges/src", "edges/dst", "edges/bucket_offsets", "nodes/orig_id", "nodes/features"]:
+        np.testing.assert_array_equal(a.array(name)[...], b.array(name)[...])
+
+
+def test_feature_chunks_never_straddle_partitions(tmp_path):
+    # 3000 x 1000 float32 = 12 MB in 2 partitions: 6 MB each, under the 8 MiB limit;
+    # with 1 partition the 12 MB must be split into equal slices.
+    graph, _ = make_graph(num_nodes=3000, num_edges=3000, feature_dim=1000, feature_chunk=512)
+    for p in (1, 2, 7):
+        m = convert(graph, tmp_path / f"c{p}.gs", ConvertOptions(num_partitions=p, partitioner="sequential"))
+        rows = m.chunks["node_rows"]
+        size = m.partition_size
+        assert size % rows == 0 or rows % size == 0
+        assert rows * 1000 * 4 <= 8 << 20
+        verify_store(tmp_path / f"c{p}.gs")
+
+
+def test_default_partition_count_follows_partition_bytes(tmp_path):
+    graph, _ = make_graph(num_nodes=2000, num_edges=4000, feature_dim=64)
+    m = convert(graph, tmp_path / "d.gs", ConvertOptions(partition_bytes=64 << 10, partitioner="random"))
+    total = 2000 * 64 * 4 + m.conversion["staged_edges"] * 2 * 4
+    assert m.num_partitions == -(-total // (64 << 10))
+    assert "partition-bytes" in m.partitioner["num_partitions_rule"]
+
+
+# ------------------------------------------------------------------------- atomicity
+
+
+def test_failure_part_way_leaves_nothing_and_rerun_works(tmp_path):
+    graph, _ = make_graph()
+
+    def broken_features():
+        yield np.zeros((70, 3), dtype=np.float32)
+        raise OSError("disk went away")
+
+    broken = dataclasses.replace(graph, features=broken_features)
+    out = tmp_path / "out.gs"
+    with pytest.raises(OSError, match="disk went away"):
+        convert(broken, out, ConvertOptions(num_partitions=2))
+    assert not out.exists()
+    assert os.listdir(tmp_path) == []  # no temporary directory left either
+    convert(graph, out, ConvertOptions(num_partitions=2))
+    verify_store(out)
+
+
+def test_existing_output_is_untouched_without_overwrite(tmp_path):
+    graph, raw = make_graph()
+    out = tmp_path / "out.gs"
+    convert(graph, out, ConvertOptions(num_partitions=2, partitioner="random", seed=1))
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    with pytest.raises(StoreExistsError, match="--overwrite"):
+        convert(graph, out, ConvertOptions(num_partitions=3))
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    # Overwrite replaces it only once the new store is complete.
+    convert(graph, out, ConvertOptions(num_partitions=3, overwrite=True))
+    assert graphstore.open(out).num_partitions == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["out.gs"]
+
+
+KILL_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    sys.path.insert(0, {repo!r})
+    from tests.conftest import make_graph
+    import dataclasses
+    from graphstore.layout._convert import ConvertOptions, convert
+    graph, _ = make_graph()
+    def slow_features():
+        yield np.zeros((70, 3), dtype=np.float32)
+        print("started", flush=True)
+        time.sleep(60)
+    convert(dataclasses.replace(graph, features=slow_features), {out!r}, ConvertOptions(num_partitions=2))
+    """
+)
+
+
+def test_kill_part_way_leaves_no_valid_store_and_rerun_cleans_up(tmp_path):
+    out = tmp_path / "out.gs"
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT.format(repo=str(REPO), out=str(out))],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".out.gs.tmp-")]
+        assert len(leftovers) == 1
+        with pytest.raises(StoreNotFoundError, match="no graphstore manifest"):
+            graphstore.open(leftovers[0])  # the half-written directory is not a store
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    assert not out.exists()
+    with pytest.raises(StoreNotFoundError):
+        graphstore.open(out)
+    graph, _ = make_graph()
+    convert(graph, out, ConvertOptions(num_partitions=2))
+    verify_store(out)
+    assert [p.name for p in tmp_path.iterdir()] == ["out.gs"]  # the dead run's temporary went
+
+
+# ------------------------------------------------------------------------- bad input
+
+
+def bad(graph, tmp_path, match, **options):
+    with pytest.raises(SourceError, match=match) as info:
+        convert(graph, tmp_path / "bad.gs", ConvertOptions(num_partitions=2, **options))
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "bad.gs").exists()
+    return str(info.value)
+
+
+def test_edge_id_out_of_range_names_file_and_line(tmp_path):
+    graph, raw = make_graph(num_nodes=50, num_edges=100, edge_chunk=30)
+    src = raw["src"].copy()
+    src[42] = 50
+
+    def edges():
+        yield EdgeChunk(src[:30], raw["dst"][:30])
+        yield EdgeChunk(src[30:], raw["dst"][30:])
+
+    msg = bad(dataclasses.replace(graph, edges=edges), tmp_path, "out of range")
+    assert msg.startswith("memory:edges line 43: source node id 50 out of range [0, 50)")
+
+
+def test_non_finite_feature_is_named(tmp_path):
+    graph, raw = make_graph(num_nodes=50, num_edges=100)
+    feats = raw["features"].copy()
+    feats[33, 2] = np.nan
+    msg = bad(dataclasses.replace(graph, features=lambda: iter([feats])), tmp_path, "non-finite")
+    assert msg == "memory:features row 33: non-finite value nan in column 2"
+
+
+@pytest.mark.parametrize("rows", [49, 51])
+def test_feature_row_count_must_match(tmp_path, rows):
+    graph, _ = make_graph(num_nodes=50, num_edges=100)
+    feats = np.ones((rows, 3), dtype=np.float32)
+    bad(dataclasses.replace(graph, features=lambda: iter([feats])), tmp_path, "one per node")
+
+
+def test_labels_of_wrong_length_or_range(tmp_path):
+    graph, raw = make_graph(num_nodes=50, num_edges=100)
+    bad(dataclasses.replace(graph, labels=raw["labels"][:-1]), tmp_path, r"shape \(49,\), expected \(50,\)")
+    labels = raw["labels"].copy()
+    labels[7] = 9
+    bad(dataclasses.replace(graph, labels=labels), tmp_path, "label 9 of node 7 is outside")
+
+
+def test_empty_graphs_are_refused(tmp_path):
+    graph, _ = make_graph(num_nodes=50, num_edges=100)
+    bad(dataclasses.replace(graph, edges=lambda: iter([])), tmp_path, "has no edges")
+    loops = np.arange(10)
+    bad(dataclasses.replace(graph, edges=lambda: iter([EdgeChunk(loops, loops)])), tmp_path,
+        "no edges after dropping 10 self loops")
+    bad(dataclasses.replace(graph, num_nodes=0), tmp_path, "no nodes")
+
+
+def test_split_with_unknown_node(tmp_path):
+    graph, _ = make_graph(num_nodes=50, num_edges=100)
+    graph = dataclasses.replace(graph, node_splits={"train": np.array([1, 2, 77])},
+                                files={**graph.files, "split:train": "split/x/train.csv.gz"})
+    msg = bad(graph, tmp_path, "unknown node")
+    assert msg.startswith("split/x/train.csv.gz: node id 77 at position 2 is outside [0, 50)")
+
+
+def test_too_many_partitions(tmp_path):
+    graph, _ = make_graph(num_nodes=50, num_edges=100)
+    with pytest.raises(ConfigError, match=r"--partitions must be in \[1, 50\]"):
+        convert(graph, tmp_path / "x.gs", ConvertOptions(num_partitions=51))
+    with pytest.raises(ConfigError, match="known"):
+        convert(graph, tmp_path / "x.gs", ConvertOptions(num_partitions=2, partitioner="louvain"))
+    assert os.listdir(tmp_path) == []
+
+
+def test_conversion_time_is_recorded(tmp_path):
+    graph, _ = make_graph()
+    start = time.perf_counter()
+    m = convert(graph, tmp_path / "t.gs", ConvertOptions(num_partitions=2))
+    phases = m.conversion["seconds"]
+    assert set(phases) >= {"stage edges", "partition", "write features", "write edges"}
+    assert 0 <= sum(phases.values()) <= time.perf_counter() - start

@@ -1,0 +1,75 @@
+"""The command line as a user meets it: subprocesses, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+
+def run(*args, check_code=0):
+    proc = subprocess.run([sys.executable, "-m", "graphstore", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == check_code, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def edge_list(tmp_path_factory):
+    d = tmp_path_factory.mktemp("el")
+    rng = np.random.default_rng(0)
+    edges = rng.integers(0, 200, size=(900, 2))
+    np.savetxt(d / "edges.txt", edges, fmt="%d")
+    np.save(d / "features.npy", rng.normal(size=(200, 5)).astype(np.float32))
+    np.save(d / "labels.npy", rng.integers(0, 3, 200))
+    return d
+
+
+def test_convert_info_verify_round(edge_list, tmp_path):
+    out = tmp_path / "g.gs"
+    proc = run("convert", edge_list, out, "--partitions", "4", "--partitioner", "random")
+    assert "wrote" in proc.stdout and "edge cut" in proc.stdout
+    info = json.loads(run("info", out, "--json").stdout)
+    for key in ["num_nodes", "num_edges", "directed", "num_partitions", "partition_size", "feature_dim",
+                "num_classes", "num_relations", "splits", "format_version", "bytes_on_disk"]:
+        assert key in info, key
+    assert info["num_nodes"] == 200 and info["feature_dim"] == 5 and info["num_classes"] == 3
+    assert info["num_partitions"] == 4 and info["partition_size"] == 50
+    assert info["directed"] is False and info["num_relations"] == 0 and info["format_version"] == 1
+    assert sum(info["splits"].values()) > 0
+    assert "OK" in run("verify", out).stdout
+    assert "partitions 4 x 50" in run("info", out).stdout
+
+
+def test_errors_are_one_line_exit_1(edge_list, tmp_path):
+    out = tmp_path / "g.gs"
+    run("convert", edge_list, out, "--partitions", "2")
+    proc = run("convert", edge_list, out, "--partitions", "2", check_code=1)
+    assert proc.stderr.count("\n") == 1 and "already exists" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run("info", tmp_path / "nothing.gs", check_code=1)
+    assert proc.stderr.strip() == f"graphstore info: error: {tmp_path / 'nothing.gs'}: no such store"
+    proc = run("convert", tmp_path / "no_such_source", tmp_path / "x.gs", check_code=1)
+    assert proc.stderr.count("\n") == 1 and "no_such_source" in proc.stderr
+    (out / "edges" / "src" / "c" / "0").write_bytes(b"garbage!")
+    proc = run("verify", out, check_code=1)
+    assert "edges/src chunk 0" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_bad_usage_exits_2(tmp_path):
+    run("convert", check_code=2)
+    run("convert", "a", "b", "--partitions", "0", check_code=2)
+    run("convert", "a", "b", "--partitions", "2", "--partition-bytes", "4MiB", check_code=2)
+    run("frobnicate", check_code=2)
+
+
+def test_partition_bytes_accepts_units(edge_list, tmp_path):
+    out = tmp_path / "g.gs"
+    run("convert", edge_list, out, "--partition-bytes", "2KiB", "--partitioner", "sequential")
+    info = json.loads(run("info", out, "--json").stdout)
+    assert info["num_partitions"] > 4
+    assert info["partitioner"]["num_partitions_rule"].startswith("--partition-bytes: ceil(")
