@@ -63,7 +63,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="default: metis, or stream for graphs too large for it")
     c.add_argument("--seed", type=int, default=0, help="seeds the partitioner and generated splits")
     c.add_argument("--overwrite", action="store_true", help="replace OUT once the new store is complete")
-    c.add_argument("--keep-self-loops", action="store_true", help="store self loops (dropped by default)")
+    loops = c.add_mutually_exclusive_group()
+    loops.add_argument("--keep-self-loops", dest="keep_self_loops", action="store_true", default=None,
+                       help="store self loops (default: dropped, except in knowledge graphs)")
+    loops.add_argument("--drop-self-loops", dest="keep_self_loops", action="store_false",
+                       help="drop self loops, also in knowledge graphs")
     c.add_argument("--keep-duplicates", action="store_true", help="store repeated edges (merged by default)")
     c.add_argument("--compress", action="store_true", help="zstd-compress every array")
     direction = c.add_mutually_exclusive_group()
@@ -76,8 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--num-nodes", type=_positive_int, help="edge list: number of nodes (default max id + 1)")
     c.add_argument("--root", metavar="DIR", help="OGB: directory holding (or to download) named datasets")
     c.add_argument("--split", metavar="NAME", help="OGB: split directory to use when there are several")
-    c.add_argument("--chunk-edges", type=_positive_int, default=1 << 22,
-                   help="edges per streaming step (bounds memory; default 4194304)")
+    c.add_argument("--chunk-edges", type=_positive_int, default=1 << 20,
+                   help="edges per streaming step (bounds memory; default 1048576)")
     c.add_argument("--json", action="store_true", help="print the resulting summary as JSON")
 
     i = sub.add_parser("info", help="summarise a store")

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the dataset for the next run")
     args = ap.parse_args(argv)
     if args.quick:
-        args.cap_mib, args.feature_gib = 256, 0.8
+        args.cap_mib, args.feature_gib = 384, 1.2
     if os.geteuid() != 0:
         ap.error("needs root: it drops the page cache and creates a cgroup")
 

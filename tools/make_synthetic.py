@@ -441,10 +441,9 @@ class _Model:
 
     def _solve_x0(self) -> float:
         # The rank-0 degree falls as x0 grows (the head flattens); bisect on log x0.
-        lo, hi = 0.0, math.log(float(self.num_nodes) * 1e3)
         if self.expected_max_degree(1.0) <= self.max_degree:
-            return 1.0
-        lo = 0.0
+            return 1.0  # the plain Zipf head is already below the cap
+        lo, hi = 0.0, math.log(float(self.num_nodes) * 1e3)
         for _ in range(100):
             mid = 0.5 * (lo + hi)
             if self.expected_max_degree(math.exp(mid)) > self.max_degree:

@@ -34,7 +34,7 @@ import zarr
 from graphstore._version import __version__
 from graphstore.errors import ConfigError, SourceError, StoreExistsError
 from graphstore.layout._arrays import ChunkedAppender, chunk_rows_for, new_array
-from graphstore.layout._staging import EdgeStager, StagedEdges
+from graphstore.layout._staging import EdgeStager, ScratchFile, StagedEdges
 from graphstore.layout.base import FORMAT_VERSION, MANIFEST_KEY, Manifest, index_dtype_for
 from graphstore.layout.partition import equal_blocks, partition_nodes
 from graphstore.layout.sources.base import EdgeSplit, SourceGraph
@@ -68,13 +68,14 @@ class ConvertOptions:
     """Seeds the partitioner and generated splits."""
     overwrite: bool = False
     """Replace an existing output (only once the new store is complete)."""
-    keep_self_loops: bool = False
-    """Store self loops instead of dropping them (PyG and OGB loaders drop them)."""
+    keep_self_loops: bool | None = None
+    """Store self loops instead of dropping them. None: drop them (as the PyG and OGB loaders
+    do), except in knowledge graphs, whose triples are stored as given."""
     keep_duplicates: bool = False
     """Store repeated edges instead of merging them."""
     compress: bool = False
     """zstd on every array (off: float features barely compress and cost CPU)."""
-    chunk_edges: int = 1 << 22
+    chunk_edges: int = 1 << 20
     """Edges per streaming step; with feature chunks this bounds conversion memory."""
     reader_options: dict[str, Any] = field(default_factory=dict)
     """Passed to the source reader (``directed``, ``features``, ``labels``, ``root``...)."""
@@ -159,7 +160,17 @@ def _phase(name: str, timings: dict[str, float]) -> Iterator[None]:
     log.info("%s ...", name)
     yield
     timings[name] = round(time.perf_counter() - start, 3)
-    log.info("%s done in %.2f s", name, timings[name])
+    log.info("%s done in %.2f s (%s)", name, timings[name], _memory_note())
+
+
+def _memory_note() -> str:
+    """Anonymous and file-backed resident memory, and the peak (Linux; for -v logs)."""
+    try:
+        with open("/proc/self/status") as f:
+            fields = dict(line.split(":", 1) for line in f if line.startswith(("RssAnon", "RssFile", "VmHWM")))
+    except OSError:
+        return "memory unknown"
+    return ", ".join(f"{k} {v.strip()}" for k, v in fields.items())
 
 
 def _bar(total: int | None, desc: str, enabled: bool | None):
@@ -193,10 +204,14 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
         part = partition_nodes(method, edges=staged, num_partitions=p, seed=opts.seed,
                                chunk_edges=opts.chunk_edges)
         orig_id, partition_size = equal_blocks(part.labels, p)
+        partition_info = part.info
+        del part  # its [N] labels: the store order replaces them
         # Inside a partition, rows follow source order: feature rows can then be appended
         # per partition as the source streams them, and neighbouring ids stay neighbours.
-        block = np.arange(graph.num_nodes, dtype=np.int64) // partition_size
-        orig_id = orig_id[np.lexsort((orig_id, block))]
+        # (equal_blocks already orders by source id within a label; a block that spans two
+        # labels needs this.) In place, one block at a time: no O(N) temporaries.
+        for start in range(0, graph.num_nodes, partition_size):
+            orig_id[start : start + partition_size].sort()
         store_id = np.empty_like(orig_id)
         store_id[orig_id] = np.arange(graph.num_nodes, dtype=np.int64)
 
@@ -242,10 +257,10 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
             "num_partitions_rule": p_rule,
             "edge_cut": cut_edges / num_edges if num_edges else 0.0,
             "cut_edges": int(cut_edges),
-            "info": _jsonable(part.info),
+            "info": _jsonable(partition_info),
         },
         conversion={**edge_counts, "duplicates_merged": edge_counts["staged_edges"] - num_edges,
-                    "keep_self_loops": opts.keep_self_loops,
+                    "keep_self_loops": _keeps_self_loops(graph, opts),
                     "keep_duplicates": opts.keep_duplicates,
                     "compress": opts.compress, "seconds": timings},
         chunks=layout.chunk_summary(),
@@ -303,6 +318,7 @@ def _stage_edges(graph: SourceGraph, work: Path, opts: ConvertOptions) -> tuple[
     reverse edges added for an undirected source."""
     n = graph.num_nodes
     with_rel = graph.num_relations > 0
+    keep_loops = _keeps_self_loops(graph, opts)
     with EdgeStager(str(work / "staged"), num_nodes=n, with_rel=with_rel) as stager:
         source_edges = 0
         self_loops = 0
@@ -313,7 +329,7 @@ def _stage_edges(graph: SourceGraph, work: Path, opts: ConvertOptions) -> tuple[
                 loop = src == dst
                 loops_here = int(loop.sum())
                 self_loops += loops_here
-                if loops_here and not opts.keep_self_loops:
+                if loops_here and not keep_loops:
                     keep = ~loop
                     src, dst = src[keep], dst[keep]
                     rel = None if rel is None else rel[keep]
@@ -333,10 +349,16 @@ def _stage_edges(graph: SourceGraph, work: Path, opts: ConvertOptions) -> tuple[
     counts = {
         "source_edges": source_edges,
         "self_loops": self_loops,
-        "self_loops_dropped": 0 if opts.keep_self_loops else self_loops,
+        "self_loops_dropped": 0 if keep_loops else self_loops,
         "staged_edges": staged.num_edges,
     }
     return staged, counts
+
+
+def _keeps_self_loops(graph: SourceGraph, opts: ConvertOptions) -> bool:
+    if opts.keep_self_loops is not None:
+        return opts.keep_self_loops
+    return graph.num_relations > 0  # a triple (x, r, x) is a fact, not noise
 
 
 def _checked_edge_chunk(graph: SourceGraph, chunk, offset: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -432,104 +454,191 @@ def _write_features(layout: _Layout, graph: SourceGraph, store_id: np.ndarray, w
     """Stream feature rows into ``nodes/features`` in store order.
 
     Rows arrive in source order. Unless the store order is the source order, each chunk is
-    scattered into a staging file laid out like the store (each partition's rows become a
-    contiguous append, since rows inside a partition keep source order), and the staging
-    file is then copied partition by partition into chunk-aligned Zarr writes.
+    scattered into a staging file laid out like the store: the rows a chunk sends to one
+    partition are the next contiguous run of that partition (rows inside a partition keep
+    source order), so a chunk costs one write per partition it touches. The staging file is
+    then copied in store order into chunk-aligned Zarr writes.
     """
     if graph.features is None or graph.feature_dim == 0:
         return None
     n, d = graph.num_nodes, graph.feature_dim
     identity = bool(np.array_equal(store_id, np.arange(n)))
-    array = staging = appender = None
+    appender: ChunkedAppender | None = None
+    staging: _ScatterBuffer | None = None
     dtype = np.dtype(np.float32)
     seen = 0
-    with _bar(n, "features", opts.progress) as bar:
-        for chunk in graph.features():
-            chunk = np.asarray(chunk)
-            if chunk.ndim != 2 or chunk.shape[1] != d:
-                raise SourceError(
-                    f"{_where(graph, 'features')} {graph.describe_feature_row(seen)}: feature rows have "
-                    f"shape {chunk.shape[1:]}, expected ({d},)"
-                )
-            if seen + len(chunk) > n:
-                raise SourceError(f"{_where(graph, 'features')}: more than {n} feature rows (one per node expected)")
-            finite = np.isfinite(chunk)
-            if not finite.all():
-                row, col = np.argwhere(~finite)[0]
-                raise SourceError(
-                    f"{_where(graph, 'features')} {graph.describe_feature_row(seen + int(row))}: "
-                    f"non-finite value {chunk[row, col]} in column {col}"
-                )
-            if array is None:
-                # float16 sources stay float16 (papers100M ships them); the rest is float32.
-                dtype = np.dtype(np.float16) if chunk.dtype == np.float16 else np.dtype(np.float32)
-                rows = chunk_rows_for(layout.partition_size, d * dtype.itemsize, n)
-                layout.feature_rows = rows
-                array = layout.array("nodes/features", (n, d), dtype, (rows, d))
-                appender = ChunkedAppender(array)
-                if not identity:
-                    staging = np.memmap(work / "features.stage", dtype=dtype, mode="w+", shape=(n, d))
-            chunk = chunk.astype(dtype, copy=False)
-            if staging is None:
-                appender.append(chunk)
-            else:
-                staging[store_id[seen : seen + len(chunk)]] = chunk
-            seen += len(chunk)
-            bar.update(len(chunk))
-    if seen != n:
-        raise SourceError(f"{_where(graph, 'features')}: {seen} feature rows, expected {n} (one per node)")
-    if staging is not None:
-        rows = layout.feature_rows
-        for start in range(0, n, rows):
-            appender.append(np.asarray(staging[start : start + rows]))
-        del staging
-        os.unlink(work / "features.stage")
-    appender.finish()
+    try:
+        with _bar(n, "features", opts.progress) as bar:
+            for chunk in graph.features():
+                chunk = _checked_feature_chunk(graph, np.asarray(chunk), seen)
+                if appender is None:
+                    # float16 sources stay float16 (papers100M ships them); the rest is float32.
+                    dtype = np.dtype(np.float16) if chunk.dtype == np.float16 else np.dtype(np.float32)
+                    layout.feature_rows = chunk_rows_for(layout.partition_size, d * dtype.itemsize, n)
+                    appender = ChunkedAppender(layout.array("nodes/features", (n, d), dtype,
+                                                            (layout.feature_rows, d)))
+                    if not identity:
+                        scratch = ScratchFile(str(work / "features.stage"), dtype, row_width=d)
+                        staging = _ScatterBuffer(scratch, layout.p, d * dtype.itemsize)
+                chunk = chunk.astype(dtype, copy=False)
+                if staging is None:
+                    appender.append(chunk)
+                else:
+                    staging.add(store_id[seen : seen + len(chunk)], chunk)
+                seen += len(chunk)
+                bar.update(len(chunk))
+        if staging is not None:
+            staging.flush()
+        if seen != n:
+            raise SourceError(f"{_where(graph, 'features')}: {seen} feature rows, expected {n} (one per node)")
+        if staging is not None:
+            rows = layout.feature_rows
+            for start in range(0, n, rows):
+                appender.append(staging.scratch.read_rows(start, min(rows, n - start)))
+        appender.finish()
+    finally:
+        if staging is not None:
+            staging.scratch.close(remove=True)
     return dtype.name
+
+
+def _checked_feature_chunk(graph: SourceGraph, chunk: np.ndarray, seen: int) -> np.ndarray:
+    """The chunk, after checking its width, the row count so far, and finiteness."""
+    n, d = graph.num_nodes, graph.feature_dim
+    where = _where(graph, "features")
+    if chunk.ndim != 2 or chunk.shape[1] != d:
+        raise SourceError(f"{where} {graph.describe_feature_row(seen)}: feature rows have "
+                          f"shape {chunk.shape[1:]}, expected ({d},)")
+    if seen + len(chunk) > n:
+        raise SourceError(f"{where}: more than {n} feature rows (one per node expected)")
+    finite = np.isfinite(chunk)
+    if not finite.all():
+        row, col = np.argwhere(~finite)[0]
+        raise SourceError(f"{where} {graph.describe_feature_row(seen + int(row))}: "
+                          f"non-finite value {chunk[row, col]} in column {col}")
+    return chunk
+
+
+class _ScatterBuffer:
+    """Gathers feature rows bound for scattered store positions, then writes them in runs.
+
+    One source chunk sends only a few rows to each of the p partitions; written as they come,
+    that is p small writes per chunk, which the disk serves as random IO. Buffering
+    `budget_bytes` of rows first makes each partition's run (and each write) p times
+    larger than a source chunk would.
+    """
+
+    def __init__(self, scratch: ScratchFile, num_partitions: int, row_bytes: int) -> None:
+        budget_bytes = min(256 << 20, max(64 << 20, num_partitions * (64 << 10)))
+        self.scratch = scratch
+        self.rows = np.empty((max(1, budget_bytes // row_bytes), scratch.row_width), dtype=scratch.dtype)
+        self.positions = np.empty(len(self.rows), dtype=np.int64)
+        self.filled = 0
+
+    def add(self, positions: np.ndarray, rows: np.ndarray) -> None:
+        """Queue ``rows[i]`` for store row ``positions[i]``; writes when the buffer is full."""
+        while len(rows):
+            take = min(len(rows), len(self.rows) - self.filled)
+            self.rows[self.filled : self.filled + take] = rows[:take]
+            self.positions[self.filled : self.filled + take] = positions[:take]
+            self.filled += take
+            rows, positions = rows[take:], positions[take:]
+            if self.filled == len(self.rows):
+                self.flush()
+
+    def flush(self) -> None:
+        """Write what is queued, one write per run of consecutive store positions."""
+        if not self.filled:
+            return
+        order = np.argsort(self.positions[: self.filled], kind="stable")
+        positions = self.positions[order]
+        breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+        starts = np.concatenate([[0], breaks]).tolist()
+        stops = np.concatenate([breaks, [len(positions)]]).tolist()
+        for a, b in zip(starts, stops, strict=True):
+            self.scratch.write_rows(int(positions[a]), self.rows[order[a:b]])
+        self.filled = 0
 
 
 def _write_edges(layout: _Layout, staged: StagedEdges, store_id: np.ndarray, work: Path,
                  opts: ConvertOptions) -> tuple[int, int]:
-    """Bucket the staged edges by (dst partition, src partition) on disk, then sort and
-    merge duplicates one destination partition at a time.
+    """Group the staged edges by destination partition on disk, then, one destination
+    partition at a time, sort them into buckets and merge duplicates.
 
     Returns ``(num_edges, cut_edges)`` of the stored edges.
     """
     p, size, n = layout.p, layout.partition_size, layout.n
-    nb = p * p
     with_rel = staged.rel_path is not None
+    names = ["src", "dst", "rel"] if with_rel else ["src", "dst"]
 
-    def keys_of(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        s, d = store_id[src], store_id[dst]
-        return s, d, (d // size) * p + s // size
+    # Edges into each partition, known from staging: partition j's group starts at starts[j].
+    in_count = staged.in_count
+    if in_count is None:
+        raise ValueError("staged edges lack in_count")  # EdgeStager always sets it
+    per_partition = np.bincount(store_id // size, weights=in_count, minlength=p).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(per_partition)])
+    scratch = {k: ScratchFile(str(work / f"grouped_{k}.i64"), np.int64) for k in names}
+    try:
+        # Pass 1: a counting-sort scatter by destination partition, in store ids.
+        cursor = starts[:-1].copy()
+        for _, src, dst, rel in staged.iter_chunks(opts.chunk_edges):
+            s, d = store_id[src], store_id[dst]
+            part = d // size
+            # A stable sort of small integers is a radix sort in numpy: O(m), not O(m log m).
+            order = np.argsort(part.astype(np.uint16) if p <= 1 << 16 else part, kind="stable")
+            counts = np.bincount(part, minlength=p)
+            columns = {"src": s[order], "dst": d[order], "rel": None if rel is None else rel[order]}
+            first = 0
+            for j in np.flatnonzero(counts).tolist():
+                stop = first + int(counts[j])
+                for k in names:
+                    scratch[k].write_rows(int(cursor[j]), columns[k][first:stop])
+                cursor[j] += counts[j]
+                first = stop
+        for f in scratch.values():
+            f.drop_cache()
+        # Pass 2: per destination partition, sort by (src partition, dst, src[, rel]),
+        # merge duplicates, append to the store.
+        return _sort_groups_into_store(layout, scratch, starts, with_rel, opts.keep_duplicates)
+    finally:
+        for f in scratch.values():
+            f.close(remove=True)
 
-    # Pass 1: how many edges fall in each bucket, so pass 2 can place them directly.
-    counts = np.zeros(nb, dtype=np.int64)
-    for _, src, dst, _ in staged.iter_chunks(opts.chunk_edges):
-        counts += np.bincount(keys_of(src, dst)[2], minlength=nb)
-    starts = np.concatenate([[0], np.cumsum(counts)])
 
-    # Pass 2: counting-sort scatter into bucket order (store ids) in scratch files.
-    total = staged.num_edges
-    scratch = {k: np.memmap(work / f"bucketed_{k}.i64", dtype=np.int64, mode="w+", shape=(total,))
-               for k in (["src", "dst", "rel"] if with_rel else ["src", "dst"])}
-    cursor = starts[:-1].copy()
-    for _, src, dst, rel in staged.iter_chunks(opts.chunk_edges):
-        s, d, key = keys_of(src, dst)
-        order = np.argsort(key, kind="stable")
-        key_sorted = key[order]
-        in_chunk = np.bincount(key_sorted, minlength=nb)
-        first_in_chunk = np.concatenate([[0], np.cumsum(in_chunk)[:-1]])
-        pos = cursor[key_sorted] + (np.arange(len(key_sorted)) - first_in_chunk[key_sorted])
-        cursor += in_chunk
-        scratch["src"][pos] = s[order]
-        scratch["dst"][pos] = d[order]
-        if with_rel:
-            scratch["rel"][pos] = rel[order]
+def _sort_group(s: np.ndarray, d: np.ndarray, r: np.ndarray | None, *, first: int, size: int, n: int,
+                keep_duplicates: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Sort one destination partition's edges by (src partition, dst, src[, rel]) and, unless
+    kept, drop repeats. [m] int64 each in, the same (shorter) out.
 
-    # Pass 3: per destination partition, sort by (src partition, dst, src[, rel]), merge
-    # duplicates, append. Its p buckets are adjacent, so this reads one contiguous range.
-    idx = layout.idx
+    Without relations the three keys pack into one int64, ``(src // size, dst - first, src)``
+    in mixed radix (src // size is implied by src, so ``(dst - first) * n + src`` with the
+    partition on top), and one sort beats a three-key lexsort by a wide margin.
+    """
+    if r is None and (n // size + 1) * size * n < 2**62:
+        key = ((s // size) * size + (d - first)) * n + s
+        key.sort()
+        if not keep_duplicates and len(key) > 1:
+            key = key[np.concatenate([[True], key[1:] != key[:-1]])]
+        s = key % n
+        d = (key // n) % size + first
+        return s, d, None
+    order = np.lexsort((s, d, s // size) if r is None else (r, s, d, s // size))
+    s, d = s[order], d[order]
+    r = None if r is None else r[order]
+    if not keep_duplicates and len(s) > 1:
+        new = np.ones(len(s), dtype=bool)
+        new[1:] = (s[1:] != s[:-1]) | (d[1:] != d[:-1])
+        if r is not None:
+            new[1:] |= r[1:] != r[:-1]
+        s, d = s[new], d[new]
+        r = None if r is None else r[new]
+    return s, d, r
+
+
+def _sort_groups_into_store(layout: _Layout, scratch: dict[str, ScratchFile], starts: np.ndarray,
+                            with_rel: bool, keep_duplicates: bool) -> tuple[int, int]:
+    p, size, n, idx = layout.p, layout.partition_size, layout.n, layout.idx
+    total = int(starts[-1])
     out = {
         "src": ChunkedAppender(layout.array("edges/src", (total,), idx, (layout.edge_chunk,))),
         "dst": ChunkedAppender(layout.array("edges/dst", (total,), idx, (layout.edge_chunk,))),
@@ -538,49 +647,30 @@ def _write_edges(layout: _Layout, staged: StagedEdges, store_id: np.ndarray, wor
         out["rel"] = ChunkedAppender(layout.array("edges/rel", (total,), "int32", (layout.edge_chunk,)))
     in_degree = np.zeros(n, dtype=np.int64)
     out_degree = np.zeros(n, dtype=np.int64)
-    offsets = np.zeros(nb + 1, dtype=np.int64)
-    stored = 0
-    cut = 0
+    offsets = np.zeros(p * p + 1, dtype=np.int64)
+    stored = cut = 0
     for j in range(p):
-        lo, hi = starts[j * p], starts[(j + 1) * p]
-        s = np.array(scratch["src"][lo:hi])
-        d = np.array(scratch["dst"][lo:hi])
-        r = np.array(scratch["rel"][lo:hi]) if with_rel else None
-        src_part = s // size
-        sort_keys = (s, d, src_part) if r is None else (r, s, d, src_part)
-        order = np.lexsort(sort_keys)
-        s, d, src_part = s[order], d[order], src_part[order]
-        if r is not None:
-            r = r[order]
-        if not opts.keep_duplicates and len(s) > 1:
-            new = np.ones(len(s), dtype=bool)
-            new[1:] = (s[1:] != s[:-1]) | (d[1:] != d[:-1])
-            if r is not None:
-                new[1:] |= r[1:] != r[:-1]
-            s, d, src_part = s[new], d[new], src_part[new]
-            if r is not None:
-                r = r[new]
-        bucket_sizes = np.bincount(src_part, minlength=p)
+        lo, count = int(starts[j]), int(starts[j + 1] - starts[j])
+        s = scratch["src"].read_rows(lo, count)
+        d = scratch["dst"].read_rows(lo, count)
+        r = scratch["rel"].read_rows(lo, count) if with_rel else None
+        s, d, r = _sort_group(s, d, r, first=j * size, size=size, n=n, keep_duplicates=keep_duplicates)
+        bucket_sizes = np.bincount(s // size, minlength=p)
         offsets[j * p + 1 : (j + 1) * p + 1] = stored + np.cumsum(bucket_sizes)
         stored += len(s)
         cut += len(s) - int(bucket_sizes[j])
         first = j * size
         in_degree[first : first + size] += np.bincount(d - first, minlength=min(size, n - first))
-        sources, per_source = np.unique(s, return_counts=True)
-        out_degree[sources] += per_source
+        np.add.at(out_degree, s, 1)  # unbuffered: a source repeats within the group
         out["src"].append(s.astype(idx))
         out["dst"].append(d.astype(idx))
         if r is not None:
             out["rel"].append(r.astype(np.int32))
     for appender in out.values():
         appender.finish()
-    for arr in scratch.values():
-        del arr
-    for k in list(scratch):
-        os.unlink(work / f"bucketed_{k}.i64")
     layout.node_array("nodes/in_degree", in_degree)
     layout.node_array("nodes/out_degree", out_degree)
-    offsets_arr = layout.array("edges/bucket_offsets", (nb + 1,), "int64", (max(1, (4 << 20) // 8),))
+    offsets_arr = layout.array("edges/bucket_offsets", (p * p + 1,), "int64", ((4 << 20) // 8,))
     offsets_arr[...] = offsets
     return stored, cut
 

@@ -13,7 +13,83 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["StagedEdges", "EdgeStager"]
+__all__ = ["EdgeStager", "ScratchFile", "StagedEdges"]
+
+FLUSH_BYTES = 64 << 20
+"""Scratch writes are synced and dropped from the page cache every this many bytes.
+
+Scratch files are written once and read once. Left in the page cache as dirty pages they
+crowd out everything else, and under a cgroup v1 memory cap (where dirty pages are not
+throttled per group) they can get the converter OOM-killed; written back and dropped as
+we go, they cost the cache nothing.
+"""
+
+
+class ScratchFile:
+    """A flat binary file written and read at explicit offsets, kept out of the page cache.
+
+    Parameters
+    ----------
+    path : str
+        Created (truncated) on open.
+    dtype : numpy dtype
+        Element type; offsets and counts are in elements of ``dtype`` times ``row_width``.
+    row_width : int
+        Elements per row (feature rows are ``D`` wide, edge arrays 1).
+    """
+
+    def __init__(self, path: str, dtype: np.dtype | str, row_width: int = 1) -> None:
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self.row_bytes = self.dtype.itemsize * row_width
+        self.row_width = row_width
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._unflushed = 0
+
+    def write_rows(self, first_row: int, rows: np.ndarray) -> None:
+        """Write [m, row_width] (or [m]) ``rows`` starting at row ``first_row``."""
+        data = np.ascontiguousarray(rows, dtype=self.dtype).tobytes()
+        offset = first_row * self.row_bytes
+        while data:
+            written = os.pwrite(self._fd, data, offset)
+            data, offset = data[written:], offset + written
+            self._unflushed += written
+        if self._unflushed >= FLUSH_BYTES:
+            self.drop_cache()
+
+    def read_rows(self, first_row: int, count: int) -> np.ndarray:
+        """[count, row_width] (or [count]) rows from ``first_row``; dropped from the cache after."""
+        nbytes = count * self.row_bytes
+        buffer = bytearray(nbytes)
+        view = memoryview(buffer)
+        done = 0
+        while done < nbytes:
+            got = os.preadv(self._fd, [view[done:]], first_row * self.row_bytes + done)
+            if got == 0:
+                raise EOFError(f"{self.path}: short read at row {first_row + done // self.row_bytes}")
+            done += got
+        if _HAS_FADVISE:
+            os.posix_fadvise(self._fd, first_row * self.row_bytes, nbytes, os.POSIX_FADV_DONTNEED)
+        out = np.frombuffer(buffer, dtype=self.dtype)
+        return out.reshape(count, self.row_width) if self.row_width > 1 else out
+
+    def drop_cache(self) -> None:
+        """Write dirty pages back and let the kernel forget them."""
+        os.fdatasync(self._fd)
+        if _HAS_FADVISE:
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        self._unflushed = 0
+
+    def close(self, *, remove: bool = False) -> None:
+        """Close (idempotent); ``remove`` deletes the file too."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if remove and os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+_HAS_FADVISE = hasattr(os, "posix_fadvise")
 
 
 @dataclass(frozen=True)
@@ -34,30 +110,35 @@ class StagedEdges:
     """Number of staged directed edges."""
     num_nodes: int
     """Every endpoint is in ``[0, num_nodes)``."""
+    in_count: np.ndarray | None = None
+    """[num_nodes] int64 staged edges ending at each node (duplicates counted), or None."""
 
-    def _open(self, path: str) -> np.ndarray:
-        if self.num_edges == 0:
-            return np.zeros(0, dtype=np.int64)
-        return np.memmap(path, dtype=np.int64, mode="r", shape=(self.num_edges,))
+    def _read(self, path: str, start: int, count: int) -> np.ndarray:
+        # Plain reads, not a memory map: pages a map touches stay charged to this process
+        # (and its cgroup) until unmapped, which on a large file defeats the memory bound.
+        with open(path, "rb") as f:
+            f.seek(start * 8)
+            out = np.fromfile(f, dtype=np.int64, count=count)
+        if len(out) != count:
+            raise EOFError(f"{path}: {len(out)} of {count} staged edges from {start}")
+        return out
 
     def iter_chunks(
         self, chunk_edges: int
     ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray | None]]:
         """Yield ``(start, src, dst, rel)`` for consecutive runs of ``chunk_edges`` edges.
 
-        The arrays are fresh int64 copies ([m] each), safe to modify; ``rel`` is None
-        for an untyped graph.
+        The arrays are fresh int64 arrays ([m] each), safe to modify; ``rel`` is None for an
+        untyped graph.
         """
-        src_all, dst_all = self._open(self.src_path), self._open(self.dst_path)
-        rel_all = self._open(self.rel_path) if self.rel_path else None
         for start in range(0, self.num_edges, max(1, chunk_edges)):
-            stop = min(start + chunk_edges, self.num_edges)
-            rel = None if rel_all is None else np.array(rel_all[start:stop])
-            yield start, np.array(src_all[start:stop]), np.array(dst_all[start:stop]), rel
+            count = min(chunk_edges, self.num_edges - start)
+            rel = self._read(self.rel_path, start, count) if self.rel_path else None
+            yield start, self._read(self.src_path, start, count), self._read(self.dst_path, start, count), rel
 
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         """All ``(src, dst)`` in memory, [num_edges] int64 each (for METIS, which needs it)."""
-        return np.array(self._open(self.src_path)), np.array(self._open(self.dst_path))
+        return self._read(self.src_path, 0, self.num_edges), self._read(self.dst_path, 0, self.num_edges)
 
 
 class EdgeStager:
@@ -68,24 +149,25 @@ class EdgeStager:
 
     def __init__(self, directory: str, *, num_nodes: int, with_rel: bool) -> None:
         os.makedirs(directory, exist_ok=True)
-        self._paths = {
-            "src": os.path.join(directory, "edges_src.i64"),
-            "dst": os.path.join(directory, "edges_dst.i64"),
-        }
-        if with_rel:
-            self._paths["rel"] = os.path.join(directory, "edges_rel.i64")
-        self._files = {k: open(p, "wb") for k, p in self._paths.items()}
+        names = ["src", "dst", "rel"] if with_rel else ["src", "dst"]
+        self._files = {k: ScratchFile(os.path.join(directory, f"edges_{k}.i64"), np.int64) for k in names}
         self._num_nodes = num_nodes
         self.num_edges = 0
+        self.in_count = np.zeros(num_nodes, dtype=np.int64)
 
     def append(self, src: np.ndarray, dst: np.ndarray, rel: np.ndarray | None) -> None:
         """Add [m] int64 edges (already validated) at the end."""
-        self._files["src"].write(np.ascontiguousarray(src, dtype=np.int64).tobytes())
-        self._files["dst"].write(np.ascontiguousarray(dst, dtype=np.int64).tobytes())
+        self._files["src"].write_rows(self.num_edges, src)
+        self._files["dst"].write_rows(self.num_edges, dst)
         if "rel" in self._files:
             assert rel is not None  # the caller checked the source's relation column
-            self._files["rel"].write(np.ascontiguousarray(rel, dtype=np.int64).tobytes())
+            self._files["rel"].write_rows(self.num_edges, rel)
         self.num_edges += len(src)
+        if len(dst) * 8 > self._num_nodes:
+            self.in_count += np.bincount(dst, minlength=self._num_nodes)
+        elif len(dst):
+            nodes, counts = np.unique(dst, return_counts=True)
+            self.in_count[nodes] += counts
 
     def close(self) -> None:
         """Close the files (idempotent); `finish` calls it, an error path must too."""
@@ -99,11 +181,15 @@ class EdgeStager:
         self.close()
 
     def finish(self) -> StagedEdges:
+        for f in self._files.values():
+            f.drop_cache()
         self.close()
+        rel = self._files.get("rel")
         return StagedEdges(
-            src_path=self._paths["src"],
-            dst_path=self._paths["dst"],
-            rel_path=self._paths.get("rel"),
+            src_path=self._files["src"].path,
+            dst_path=self._files["dst"].path,
+            rel_path=rel.path if rel else None,
             num_edges=self.num_edges,
             num_nodes=self._num_nodes,
+            in_count=self.in_count,
         )

@@ -528,7 +528,7 @@ def _metis(
 
 _STREAM_MAX_ROUNDS = 64
 """Growth rounds per chunk before its leftovers wait for later chunks."""
-_STREAM_REFINE_PASSES = 16
+_STREAM_REFINE_PASSES = 4
 """Refinement passes over the edges after the placement pass, at most."""
 _STREAM_REFINE_STOP = 0.001
 """Refinement stops once a pass moves fewer than this share of the nodes."""

@@ -119,10 +119,14 @@ def test_flags_keep_self_loops_and_duplicates(tmp_path):
 
 def test_relations_are_kept_and_distinguish_duplicates(tmp_path):
     graph, raw = make_graph(directed=True, num_relations=4, feature_dim=0)
-    convert(graph, tmp_path / "r.gs", ConvertOptions(num_partitions=4, partitioner="stream"))
+    m = convert(graph, tmp_path / "r.gs", ConvertOptions(num_partitions=4, partitioner="stream"))
     store = graphstore.open(tmp_path / "r.gs")
     assert store.num_relations == 4 and store.features is None and store.feature_dim == 0
-    assert stored_edges(store) == expected_edges(raw, directed=True)
+    # Knowledge-graph triples are stored as given: self loops stay unless asked otherwise.
+    assert stored_edges(store) == expected_edges(raw, directed=True, keep_self_loops=True)
+    assert m.conversion["self_loops_dropped"] == 0 and m.conversion["self_loops"] >= 5
+    convert(graph, tmp_path / "d.gs", ConvertOptions(num_partitions=4, keep_self_loops=False))
+    assert stored_edges(graphstore.open(tmp_path / "d.gs")) == expected_edges(raw, directed=True)
     for j in range(4):
         _, bd, rel = store.read_bucket(1, j)
         assert rel is not None and len(rel) == len(bd)
