@@ -166,8 +166,7 @@ class EdgeStager:
         if len(dst) * 8 > self._num_nodes:
             self.in_count += np.bincount(dst, minlength=self._num_nodes)
         elif len(dst):
-            nodes, counts = np.unique(dst, return_counts=True)
-            self.in_count[nodes] += counts
+            np.add.at(self.in_count, dst, 1)
 
     def close(self) -> None:
         """Close the files (idempotent); `finish` calls it, an error path must too."""

@@ -48,6 +48,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from graphstore.errors import ConfigError
+from graphstore.layout._fast import unique
 from graphstore.layout._staging import StagedEdges
 
 __all__ = [
@@ -446,8 +447,8 @@ def _symmetric_csr(
         keep = src != dst
         lo = np.minimum(src[keep], dst[keep])
         hi = np.maximum(src[keep], dst[keep])
-        pair_keys.append(np.unique(lo * num_nodes + hi))
-    keys = np.unique(np.concatenate(pair_keys)) if pair_keys else np.zeros(0, np.int64)
+        pair_keys.append(unique(lo * num_nodes + hi))
+    keys = unique(np.concatenate(pair_keys)) if pair_keys else np.zeros(0, np.int64)
     del pair_keys
     lo, hi = np.divmod(keys, num_nodes)
     del keys
@@ -586,7 +587,7 @@ def _assign_by_votes(
     partition full) or that did not fit go to the partitions with the most room.
     """
     num_partitions = sizes.shape[0]
-    keys, votes = np.unique(voter * num_partitions + labels[voted], return_counts=True)
+    keys, votes = unique(voter * num_partitions + labels[voted], return_counts=True)
     node, part = np.divmod(keys, num_partitions)
     # An empty trailing block has capacity 0: never a target (weight -inf).
     weight = np.full(num_partitions, -np.inf)
@@ -638,7 +639,7 @@ def _grow(
             continue
         # Nothing to follow: seed a random sample, drawn from edge endpoints so that
         # it is degree-biased (hubs are good centres to grow from).
-        candidates = np.unique(node_a[rng.integers(0, node_a.shape[0], size=seeds)])
+        candidates = unique(node_a[rng.integers(0, node_a.shape[0], size=seeds)])
         _place_least_loaded(candidates, labels, sizes, capacity, rng)
         seeded += candidates.shape[0]
         seeds *= 2
@@ -698,7 +699,7 @@ class _Refinement:
         other = ~same
         if not other.any():
             return
-        keys, votes = np.unique(
+        keys, votes = unique(
             node_a[other] * num_partitions + label_b[other], return_counts=True
         )
         node, part = np.divmod(keys, num_partitions)
@@ -741,7 +742,7 @@ def _swap_toward_targets(
     pair = frm * num_partitions + to
     order = _descending_within(pair, gain, rng)
     mover, frm, to, pair, gain = mover[order], frm[order], to[order], pair[order], gain[order]
-    pair_keys, pair_counts = np.unique(pair, return_counts=True)
+    pair_keys, pair_counts = unique(pair, return_counts=True)
     reverse = to * num_partitions + frm
     at = np.minimum(np.searchsorted(pair_keys, reverse), pair_keys.shape[0] - 1)
     reverse_count = np.where(pair_keys[at] == reverse, pair_counts[at], 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphstore.errors import SourceError
+from graphstore.layout._fast import unique
 
 __all__ = ["link_split", "per_class_split"]
 
@@ -91,7 +92,7 @@ def link_split(
     else:
         a, b = np.minimum(src, dst), np.maximum(src, dst)
     keys = a * n + b
-    candidates = np.unique(keys[a != b])
+    candidates = unique(keys[a != b])
     rng = np.random.default_rng(seed)
     shuffled = rng.permutation(candidates)
     num_valid = int(valid_fraction * len(candidates))
@@ -99,10 +100,10 @@ def link_split(
     held = {"valid": shuffled[:num_valid], "test": shuffled[num_valid : num_valid + num_test]}
     held_all = np.sort(shuffled[: num_valid + num_test])
     keep = ~_member(keys, held_all)
-    all_keys = np.unique(keys)
+    all_keys = unique(keys)
 
     splits = {}
-    train_keys = np.unique(keys[keep])
+    train_keys = unique(keys[keep])
     splits["train"] = (train_keys // n, train_keys % n, np.zeros(0, np.int64), np.zeros(0, np.int64))
     for name, pos in held.items():
         neg_src, neg_dst = _negatives(len(pos), all_keys, n, directed, rng, display)
