@@ -49,7 +49,7 @@ DEFAULT_PARTITION_BYTES = 4 << 20
 (HierBatching's rule); the default p is total bytes over this."""
 MAX_DEFAULT_PARTITIONS = 1024
 """Bound on the default p: bucket_offsets has p*p+1 entries."""
-METIS_AUTO_MAX_EDGES = 200_000_000
+METIS_AUTO_MAX_EDGES = 50_000_000
 """``partitioner=None`` picks METIS below this many staged edges, ``stream`` above it."""
 
 
