@@ -1,12 +1,14 @@
 """`graphstore convert`: a source dataset in, a format-v1 store out, streaming and atomic.
 
-The stages, each a function below, in the order they run::
+The stages, in the order `_build` runs them::
 
     read_source ─> stage edges (validate ids, drop self loops, add reverse edges)
                 ─> choose p ─> partition nodes ─> store order (equal blocks)
-                ─> node arrays ─> features (staged per partition, then chunk by chunk)
-                ─> edge buckets (counting sort on disk, then sort + dedup per dst partition)
-                ─> splits ─> manifest ─> rename the temporary directory into place
+                ─> node arrays                          (_writer)
+                ─> features, staged per partition       (_features)
+                ─> edge buckets, sorted and merged      (_buckets)
+                ─> splits                               (_writer)
+                ─> manifest ─> rename the temporary directory into place
 
 Memory: O(N) for id maps, labels and degrees, plus one chunk of edges or feature rows,
 plus the edges into one partition while they are sorted. Features and edges never sit in
@@ -20,7 +22,6 @@ import math
 import os
 import secrets
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,12 +34,14 @@ import zarr
 
 from graphstore._version import __version__
 from graphstore.errors import ConfigError, SourceError, StoreExistsError
-from graphstore.layout._fast import unique
-from graphstore.layout._arrays import ChunkedAppender, chunk_rows_for, new_array
-from graphstore.layout._staging import EdgeStager, ScratchFile, StagedEdges
+from graphstore.layout._buckets import write_edges
+from graphstore.layout._features import write_features
+from graphstore.layout._progress import progress_bar
+from graphstore.layout._staging import EdgeStager, StagedEdges
+from graphstore.layout._writer import StoreWriter, write_node_arrays, write_splits
 from graphstore.layout.base import FORMAT_VERSION, MANIFEST_KEY, Manifest, index_dtype_for
 from graphstore.layout.partition import equal_blocks, partition_nodes
-from graphstore.layout.sources.base import EdgeSplit, SourceGraph
+from graphstore.layout.sources.base import SourceGraph
 
 __all__ = ["ConvertOptions", "convert"]
 
@@ -174,13 +177,6 @@ def _memory_note() -> str:
     return ", ".join(f"{k} {v.strip()}" for k, v in fields.items())
 
 
-def _bar(total: int | None, desc: str, enabled: bool | None):
-    from tqdm import tqdm
-
-    disable = (not sys.stderr.isatty()) if enabled is None else not enabled
-    return tqdm(total=total, desc=desc, unit="row", unit_scale=True, disable=disable, leave=False)
-
-
 def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manifest:
     timings: dict[str, float] = {}
     root = zarr.open_group(str(tmp), mode="w", zarr_format=3)  # "w" empties tmp: before _work
@@ -220,15 +216,15 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
         store_id = np.empty_like(orig_id)
         store_id[orig_id] = np.arange(graph.num_nodes, dtype=idx)
 
-    layout = _Layout(root, graph.num_nodes, p, partition_size, idx, opts.compress)
+    layout = StoreWriter(root, graph.num_nodes, p, partition_size, idx, opts.compress)
     with _phase("write nodes", timings):
-        _write_node_arrays(layout, graph, orig_id, store_id)
+        write_node_arrays(layout, graph, orig_id, store_id)
     with _phase("write features", timings):
-        feature_dtype = _write_features(layout, graph, store_id, work, opts)
+        feature_dtype = write_features(layout, graph, store_id, work, opts.progress)
     with _phase("write edges", timings):
-        num_edges, cut_edges = _write_edges(layout, staged, store_id, work, opts)
+        num_edges, cut_edges = write_edges(layout, staged, store_id, work, opts.chunk_edges, opts.keep_duplicates)
     with _phase("write splits", timings):
-        split_counts, split_kinds = _write_splits(layout, graph, store_id)
+        split_counts, split_kinds = write_splits(layout, graph, store_id)
 
     manifest = Manifest(
         format_version=FORMAT_VERSION,
@@ -291,10 +287,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _where(graph: SourceGraph, role: str) -> str:
-    return graph.files.get(role, f"{graph.path} ({role})")
-
-
 def _check_source_shape(graph: SourceGraph) -> None:
     """Checks every format shares: sizes that agree, labels in range."""
     if graph.num_nodes <= 0:
@@ -303,13 +295,13 @@ def _check_source_shape(graph: SourceGraph) -> None:
         labels = graph.labels
         if labels.shape != (graph.num_nodes,):
             raise SourceError(
-                f"{_where(graph, 'labels')}: labels have shape {labels.shape}, "
+                f"{graph.where('labels')}: labels have shape {labels.shape}, "
                 f"expected ({graph.num_nodes},) (one per node)"
             )
         bad = np.flatnonzero((labels < -1) | (labels >= max(graph.num_classes, 0)))
         if len(bad):
             raise SourceError(
-                f"{_where(graph, 'labels')}: label {labels[bad[0]]} of node {bad[0]} is "
+                f"{graph.where('labels')}: label {labels[bad[0]]} of node {bad[0]} is "
                 f"outside [-1, {graph.num_classes})"
             )
 
@@ -326,7 +318,7 @@ def _stage_edges(graph: SourceGraph, work: Path, opts: ConvertOptions) -> tuple[
     with EdgeStager(str(work / "staged"), num_nodes=n, with_rel=with_rel) as stager:
         source_edges = 0
         self_loops = 0
-        with _bar(None, "edges", opts.progress) as bar:
+        with progress_bar(None, "edges", opts.progress) as bar:
             for chunk in graph.edges():
                 src, dst, rel = _checked_edge_chunk(graph, chunk, source_edges)
                 source_edges += len(src)
@@ -347,7 +339,7 @@ def _stage_edges(graph: SourceGraph, work: Path, opts: ConvertOptions) -> tuple[
         staged = stager.finish()
     if staged.num_edges == 0:
         raise SourceError(
-            f"{_where(graph, 'edges')}: the graph has no edges"
+            f"{graph.where('edges')}: the graph has no edges"
             + (f" after dropping {self_loops} self loops" if self_loops else "")
         )
     counts = {
@@ -373,7 +365,7 @@ def _checked_edge_chunk(graph: SourceGraph, chunk, offset: int) -> tuple[np.ndar
     src = np.asarray(chunk.src, dtype=np.int64)
     dst = np.asarray(chunk.dst, dtype=np.int64)
     rel = None if chunk.rel is None else np.asarray(chunk.rel, dtype=np.int64)
-    where = _where(graph, "edges")
+    where = graph.where("edges")
     if len(src) != len(dst) or (rel is not None and len(rel) != len(src)):
         lengths = f"src {len(src)}, dst {len(dst)}" + (f", rel {len(rel)}" if rel is not None else "")
         raise SourceError(f"{where}: edge arrays of different lengths ({lengths})")
@@ -394,7 +386,7 @@ def _check_ids(graph: SourceGraph, src: np.ndarray, dst: np.ndarray, offset: int
         bad = np.flatnonzero((ids < 0) | (ids >= n))
         if len(bad):
             raise SourceError(
-                f"{_where(graph, 'edges')} {graph.describe_edge(offset + int(bad[0]))}: "
+                f"{graph.where('edges')} {graph.describe_edge(offset + int(bad[0]))}: "
                 f"{name} node id {ids[bad[0]]} out of range [0, {n})"
             )
 
@@ -416,330 +408,3 @@ def _choose_num_partitions(graph: SourceGraph, staged: StagedEdges, opts: Conver
     return p, f"{source}: ceil({total} bytes / {target}) capped at [1, {min(n, MAX_DEFAULT_PARTITIONS)}]"
 
 
-# ---------------------------------------------------------------------------- store out
-
-
-class _Layout:
-    """The open output group and the chunking every writer agrees on."""
-
-    def __init__(self, root: zarr.Group, n: int, p: int, partition_size: int, idx: str, compress: bool):
-        self.root, self.n, self.p, self.partition_size = root, n, p, partition_size
-        self.idx, self.compress = idx, compress
-        self.node_rows_1d = chunk_rows_for(partition_size, 8, n)
-        self.edge_chunk = (4 << 20) // np.dtype(idx).itemsize
-        self.feature_rows = 0
-
-    def node_array(self, name: str, values: np.ndarray) -> None:
-        arr = new_array(self.root, name, shape=values.shape, dtype=values.dtype,
-                        chunks=(self.node_rows_1d, *values.shape[1:]), compress=self.compress)
-        arr[...] = values
-
-    def array(self, name: str, shape: tuple[int, ...], dtype, chunks: tuple[int, ...]) -> zarr.Array:
-        return new_array(self.root, name, shape=shape, dtype=dtype, chunks=chunks, compress=self.compress)
-
-    def chunk_summary(self) -> dict[str, int]:
-        return {"node_rows": self.feature_rows, "node_rows_1d": self.node_rows_1d, "edges": self.edge_chunk}
-
-
-def _write_node_arrays(layout: _Layout, graph: SourceGraph, orig_id: np.ndarray, store_id: np.ndarray) -> None:
-    layout.node_array("nodes/orig_id", orig_id.astype(layout.idx, copy=False))
-    layout.node_array("nodes/store_id", store_id.astype(layout.idx, copy=False))
-    if graph.labels is not None:
-        layout.node_array("nodes/labels", np.asarray(graph.labels)[orig_id].astype(np.int32))
-    if graph.node_names is not None:
-        names = np.asarray(graph.node_names, dtype=str)[orig_id]
-        arr = new_array(layout.root, "nodes/name", shape=names.shape, dtype=str,
-                        chunks=(layout.node_rows_1d,), compress=layout.compress)
-        arr[...] = names
-
-
-def _write_features(layout: _Layout, graph: SourceGraph, store_id: np.ndarray, work: Path,
-                    opts: ConvertOptions) -> str | None:
-    """Stream feature rows into ``nodes/features`` in store order.
-
-    Rows arrive in source order. Unless the store order is the source order, each chunk is
-    scattered into a staging file laid out like the store: the rows a chunk sends to one
-    partition are the next contiguous run of that partition (rows inside a partition keep
-    source order), so a chunk costs one write per partition it touches. The staging file is
-    then copied in store order into chunk-aligned Zarr writes.
-    """
-    if graph.features is None or graph.feature_dim == 0:
-        return None
-    n, d = graph.num_nodes, graph.feature_dim
-    identity = bool(np.array_equal(store_id, np.arange(n)))
-    appender: ChunkedAppender | None = None
-    staging: _ScatterBuffer | None = None
-    dtype = np.dtype(np.float32)
-    seen = 0
-    try:
-        with _bar(n, "features", opts.progress) as bar:
-            for chunk in graph.features():
-                chunk = _checked_feature_chunk(graph, np.asarray(chunk), seen)
-                if appender is None:
-                    # float16 sources stay float16 (papers100M ships them); the rest is float32.
-                    dtype = np.dtype(np.float16) if chunk.dtype == np.float16 else np.dtype(np.float32)
-                    layout.feature_rows = chunk_rows_for(layout.partition_size, d * dtype.itemsize, n)
-                    appender = ChunkedAppender(layout.array("nodes/features", (n, d), dtype,
-                                                            (layout.feature_rows, d)))
-                    if not identity:
-                        scratch = ScratchFile(str(work / "features.stage"), dtype, row_width=d)
-                        staging = _ScatterBuffer(scratch, layout.p, d * dtype.itemsize)
-                chunk = chunk.astype(dtype, copy=False)
-                if staging is None:
-                    appender.append(chunk)
-                else:
-                    staging.add(store_id[seen : seen + len(chunk)], chunk)
-                seen += len(chunk)
-                bar.update(len(chunk))
-        if staging is not None:
-            staging.flush()
-        if seen != n:
-            raise SourceError(f"{_where(graph, 'features')}: {seen} feature rows, expected {n} (one per node)")
-        if staging is not None:
-            rows = layout.feature_rows
-            for start in range(0, n, rows):
-                appender.append(staging.scratch.read_rows(start, min(rows, n - start)))
-        appender.finish()
-    finally:
-        if staging is not None:
-            staging.scratch.close(remove=True)
-    return dtype.name
-
-
-def _checked_feature_chunk(graph: SourceGraph, chunk: np.ndarray, seen: int) -> np.ndarray:
-    """The chunk, after checking its width, the row count so far, and finiteness."""
-    n, d = graph.num_nodes, graph.feature_dim
-    where = _where(graph, "features")
-    if chunk.ndim != 2 or chunk.shape[1] != d:
-        raise SourceError(f"{where} {graph.describe_feature_row(seen)}: feature rows have "
-                          f"shape {chunk.shape[1:]}, expected ({d},)")
-    if seen + len(chunk) > n:
-        raise SourceError(f"{where}: more than {n} feature rows (one per node expected)")
-    finite = np.isfinite(chunk)
-    if not finite.all():
-        row, col = np.argwhere(~finite)[0]
-        raise SourceError(f"{where} {graph.describe_feature_row(seen + int(row))}: "
-                          f"non-finite value {chunk[row, col]} in column {col}")
-    return chunk
-
-
-class _ScatterBuffer:
-    """Gathers feature rows bound for scattered store positions, then writes them in runs.
-
-    One source chunk sends only a few rows to each of the p partitions; written as they come,
-    that is p small writes per chunk, which the disk serves as random IO. Buffering
-    `budget_bytes` of rows first makes each partition's run (and each write) p times
-    larger than a source chunk would.
-    """
-
-    def __init__(self, scratch: ScratchFile, num_partitions: int, row_bytes: int) -> None:
-        budget_bytes = min(256 << 20, max(64 << 20, num_partitions * (64 << 10)))
-        self.scratch = scratch
-        self.rows = np.empty((max(1, budget_bytes // row_bytes), scratch.row_width), dtype=scratch.dtype)
-        self.positions = np.empty(len(self.rows), dtype=np.int64)
-        self.filled = 0
-
-    def add(self, positions: np.ndarray, rows: np.ndarray) -> None:
-        """Queue ``rows[i]`` for store row ``positions[i]``; writes when the buffer is full."""
-        while len(rows):
-            take = min(len(rows), len(self.rows) - self.filled)
-            self.rows[self.filled : self.filled + take] = rows[:take]
-            self.positions[self.filled : self.filled + take] = positions[:take]
-            self.filled += take
-            rows, positions = rows[take:], positions[take:]
-            if self.filled == len(self.rows):
-                self.flush()
-
-    def flush(self) -> None:
-        """Write what is queued, one write per run of consecutive store positions."""
-        if not self.filled:
-            return
-        order = np.argsort(self.positions[: self.filled], kind="stable")
-        positions = self.positions[order]
-        breaks = np.flatnonzero(np.diff(positions) != 1) + 1
-        starts = np.concatenate([[0], breaks]).tolist()
-        stops = np.concatenate([breaks, [len(positions)]]).tolist()
-        for a, b in zip(starts, stops, strict=True):
-            self.scratch.write_rows(int(positions[a]), self.rows[order[a:b]])
-        self.filled = 0
-
-
-def _write_edges(layout: _Layout, staged: StagedEdges, store_id: np.ndarray, work: Path,
-                 opts: ConvertOptions) -> tuple[int, int]:
-    """Group the staged edges by destination partition on disk, then, one destination
-    partition at a time, sort them into buckets and merge duplicates.
-
-    Returns ``(num_edges, cut_edges)`` of the stored edges.
-    """
-    p, size, n = layout.p, layout.partition_size, layout.n
-    with_rel = staged.rel_path is not None
-    names = ["src", "dst", "rel"] if with_rel else ["src", "dst"]
-
-    # Edges into each partition, known from staging: partition j's group starts at starts[j].
-    in_count = staged.in_count
-    if in_count is None:
-        raise ValueError("staged edges lack in_count")  # EdgeStager always sets it
-    per_partition = np.bincount(store_id // size, weights=in_count, minlength=p).astype(np.int64)
-    starts = np.concatenate([[0], np.cumsum(per_partition)])
-    scratch = {k: ScratchFile(str(work / f"grouped_{k}.i64"), np.int64) for k in names}
-    try:
-        # Pass 1: a counting-sort scatter by destination partition, in store ids.
-        cursor = starts[:-1].copy()
-        for _, src, dst, rel in staged.iter_chunks(opts.chunk_edges):
-            s, d = store_id[src], store_id[dst]
-            part = d // size
-            # A stable sort of small integers is a radix sort in numpy: O(m), not O(m log m).
-            order = np.argsort(part.astype(np.uint16) if p <= 1 << 16 else part, kind="stable")
-            counts = np.bincount(part, minlength=p)
-            columns = {"src": s[order], "dst": d[order], "rel": None if rel is None else rel[order]}
-            first = 0
-            for j in np.flatnonzero(counts).tolist():
-                stop = first + int(counts[j])
-                for k in names:
-                    scratch[k].write_rows(int(cursor[j]), columns[k][first:stop])
-                cursor[j] += counts[j]
-                first = stop
-        for f in scratch.values():
-            f.drop_cache()
-        # Pass 2: per destination partition, sort by (src partition, dst, src[, rel]),
-        # merge duplicates, append to the store.
-        return _sort_groups_into_store(layout, scratch, starts, with_rel, opts.keep_duplicates)
-    finally:
-        for f in scratch.values():
-            f.close(remove=True)
-
-
-def _sort_group(s: np.ndarray, d: np.ndarray, r: np.ndarray | None, *, first: int, size: int, n: int,
-                keep_duplicates: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Sort one destination partition's edges by (src partition, dst, src[, rel]) and, unless
-    kept, drop repeats. [m] int64 each in, the same (shorter) out.
-
-    Without relations the three keys pack into one int64, ``(src // size, dst - first, src)``
-    in mixed radix (src // size is implied by src, so ``(dst - first) * n + src`` with the
-    partition on top), and one sort beats a three-key lexsort by a wide margin.
-    """
-    if r is None and (n // size + 1) * size * n < 2**62:
-        key = ((s // size) * size + (d - first)) * n + s
-        key.sort()
-        if not keep_duplicates and len(key) > 1:
-            key = key[np.concatenate([[True], key[1:] != key[:-1]])]
-        s = key % n
-        d = (key // n) % size + first
-        return s, d, None
-    order = np.lexsort((s, d, s // size) if r is None else (r, s, d, s // size))
-    s, d = s[order], d[order]
-    r = None if r is None else r[order]
-    if not keep_duplicates and len(s) > 1:
-        new = np.ones(len(s), dtype=bool)
-        new[1:] = (s[1:] != s[:-1]) | (d[1:] != d[:-1])
-        if r is not None:
-            new[1:] |= r[1:] != r[:-1]
-        s, d = s[new], d[new]
-        r = None if r is None else r[new]
-    return s, d, r
-
-
-def _sort_groups_into_store(layout: _Layout, scratch: dict[str, ScratchFile], starts: np.ndarray,
-                            with_rel: bool, keep_duplicates: bool) -> tuple[int, int]:
-    p, size, n, idx = layout.p, layout.partition_size, layout.n, layout.idx
-    total = int(starts[-1])
-    out = {
-        "src": ChunkedAppender(layout.array("edges/src", (total,), idx, (layout.edge_chunk,))),
-        "dst": ChunkedAppender(layout.array("edges/dst", (total,), idx, (layout.edge_chunk,))),
-    }
-    if with_rel:
-        out["rel"] = ChunkedAppender(layout.array("edges/rel", (total,), "int32", (layout.edge_chunk,)))
-    in_degree = np.zeros(n, dtype=np.int64)
-    out_degree = np.zeros(n, dtype=np.int64)
-    offsets = np.zeros(p * p + 1, dtype=np.int64)
-    stored = cut = 0
-    for j in range(p):
-        lo, count = int(starts[j]), int(starts[j + 1] - starts[j])
-        s = scratch["src"].read_rows(lo, count)
-        d = scratch["dst"].read_rows(lo, count)
-        r = scratch["rel"].read_rows(lo, count) if with_rel else None
-        s, d, r = _sort_group(s, d, r, first=j * size, size=size, n=n, keep_duplicates=keep_duplicates)
-        bucket_sizes = np.bincount(s // size, minlength=p)
-        offsets[j * p + 1 : (j + 1) * p + 1] = stored + np.cumsum(bucket_sizes)
-        stored += len(s)
-        cut += len(s) - int(bucket_sizes[j])
-        first = j * size
-        in_degree[first : first + size] += np.bincount(d - first, minlength=min(size, n - first))
-        np.add.at(out_degree, s, 1)  # unbuffered: a source repeats within the group
-        out["src"].append(s.astype(idx))
-        out["dst"].append(d.astype(idx))
-        if r is not None:
-            out["rel"].append(r.astype(np.int32))
-    for appender in out.values():
-        appender.finish()
-    layout.node_array("nodes/in_degree", in_degree)
-    layout.node_array("nodes/out_degree", out_degree)
-    offsets_arr = layout.array("edges/bucket_offsets", (p * p + 1,), "int64", ((4 << 20) // 8,))
-    offsets_arr[...] = offsets
-    return stored, cut
-
-
-# ---------------------------------------------------------------------------- splits
-
-
-def _write_splits(layout: _Layout, graph: SourceGraph, store_id: np.ndarray) -> tuple[dict[str, int], dict[str, str]]:
-    n = graph.num_nodes
-    counts: dict[str, int] = {}
-    kinds: dict[str, str] = {}
-    for name, ids in graph.node_splits.items():
-        where = _where(graph, f"split:{name}")
-        ids = _checked_ids(np.asarray(ids), n, where, "node id")
-        uniq = unique(store_id[ids])
-        if len(uniq) != len(ids):
-            log.warning("%s: %d repeated node ids merged", where, len(ids) - len(uniq))
-        layout.node_array(f"splits/nodes/{name}", uniq.astype(layout.idx))
-        counts[name], kinds[name] = len(uniq), "nodes"
-    for name, split in graph.edge_splits.items():
-        if name in counts:
-            raise SourceError(f"{graph.path}: split {name!r} is both a node split and an edge split")
-        _write_edge_split(layout, graph, name, split, store_id)
-        counts[name], kinds[name] = len(split.src), "edges"
-    return counts, kinds
-
-
-def _checked_ids(ids: np.ndarray, n: int, where: str, what: str) -> np.ndarray:
-    ids = ids.astype(np.int64, copy=False)
-    bad = np.flatnonzero((ids < 0) | (ids >= n))
-    if len(bad):
-        raise SourceError(f"{where}: {what} {ids[bad[0]]} at position {bad[0]} is outside [0, {n}) (unknown node)")
-    return ids
-
-
-def _write_edge_split(layout: _Layout, graph: SourceGraph, name: str, split: EdgeSplit, store_id: np.ndarray) -> None:
-    n = graph.num_nodes
-    where = _where(graph, f"split:{name}")
-    base = f"splits/edges/{name}"
-    if len(split.src) != len(split.dst) or (split.rel is not None and len(split.rel) != len(split.src)):
-        raise SourceError(f"{where}: positive edges have mismatched lengths (src {len(split.src)}, dst {len(split.dst)})")
-    parts = {
-        "src": store_id[_checked_ids(np.asarray(split.src), n, where, "source node")],
-        "dst": store_id[_checked_ids(np.asarray(split.dst), n, where, "destination node")],
-    }
-    if split.neg_dst is not None:
-        neg_dst = np.asarray(split.neg_dst)
-        if split.neg_src is not None:
-            if len(split.neg_src) != len(neg_dst) or neg_dst.ndim != 1:
-                raise SourceError(f"{where}: negative edges have mismatched lengths "
-                                  f"(neg_src {len(split.neg_src)}, neg_dst {len(neg_dst)})")
-            parts["neg_src"] = store_id[_checked_ids(np.asarray(split.neg_src), n, where, "negative source node")]
-        elif neg_dst.ndim != 2 or len(neg_dst) != len(split.src):
-            raise SourceError(f"{where}: per-positive negatives have shape {neg_dst.shape}, "
-                              f"expected ({len(split.src)}, k)")
-        parts["neg_dst"] = store_id[_checked_ids(neg_dst, n, where, "negative destination node")]
-    for key, values in parts.items():
-        values = values.astype(layout.idx)
-        rows = max(1, (4 << 20) // max(1, values.itemsize * int(np.prod(values.shape[1:]))))
-        arr = layout.array(f"{base}/{key}", values.shape, values.dtype, (rows, *values.shape[1:]))
-        arr[...] = values
-    if split.rel is not None:
-        rel = np.asarray(split.rel).astype(np.int32)
-        bad = np.flatnonzero((rel < 0) | (rel >= max(graph.num_relations, 1)))
-        if len(bad):
-            raise SourceError(f"{where}: relation {rel[bad[0]]} at position {bad[0]} outside [0, {graph.num_relations})")
-        arr = layout.array(f"{base}/rel", rel.shape, "int32", (1 << 20,))
-        arr[...] = rel

@@ -38,7 +38,6 @@ array([0, 0, 0, 1, 1, 1])
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field

@@ -109,3 +109,7 @@ class SourceGraph:
     """Maps a feature row (= source id) to its place in the file."""
     extra: dict = field(default_factory=dict)
     """Format-specific facts recorded under the manifest's ``source`` entry."""
+
+    def where(self, role: str) -> str:
+        """The file a role (``"edges"``, ``"split:train"``...) was read from, for messages."""
+        return self.files.get(role, f"{self.path} ({role})")
