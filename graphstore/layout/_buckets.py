@@ -16,7 +16,7 @@ __all__ = ["write_edges"]
 
 
 def write_edges(layout: StoreWriter, staged: StagedEdges, store_id: np.ndarray, work: Path,
-                 chunk_edges: int, keep_duplicates: bool) -> tuple[int, int]:
+               chunk_edges: int, keep_duplicates: bool) -> tuple[int, int]:
     """Group the staged edges by destination partition on disk, then, one destination
     partition at a time, sort them into buckets and merge duplicates.
 
