@@ -1,4 +1,4 @@
-"""The ``graphstore`` command: ``convert``, ``info``, ``verify``.
+"""The ``graphstore`` command: ``convert``, ``info``, ``verify``, ``plan``.
 
 Exit codes: 0 success, 1 a known error (one line on stderr, no traceback), 2 bad usage.
 """
@@ -90,7 +90,34 @@ def _parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="re-read a store and check checksums and invariants")
     v.add_argument("store")
+
+    pl = sub.add_parser("plan", help="show a buffer policy's plan for one epoch",
+                        description="Print the buffer states of one epoch and what each trains, "
+                                    "so you can see what an epoch will read before training.")
+    pl.add_argument("--policy", required=True, metavar="NAME",
+                    help="comet, beta, sequential, dispersed, hierbatching or in_memory")
+    pl.add_argument("--partitions", type=_positive_int, required=True, metavar="P",
+                    help="number of partitions")
+    pl.add_argument("--capacity", type=_positive_int, required=True, metavar="C",
+                    help="partitions the buffer holds (clamped to P)")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--epoch", type=int, default=0)
+    pl.add_argument("--reuse", type=_positive_int, help="hierbatching: passes over each mega-batch")
+    pl.add_argument("--num-logical-partitions", type=_positive_int, metavar="L",
+                    help="comet: logical partitions (default ceil(P / floor(C/2)))")
+    pl.add_argument("--train-partitions", type=_id_list, metavar="0,1,2",
+                    help="node policies: partitions holding training nodes (default all)")
+    pl.add_argument("--task", choices=["link", "node"], help="in_memory: plan only this task's fields")
+    pl.add_argument("--json", action="store_true", help="print the whole plan as JSON")
     return parser
+
+
+def _id_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 0,1,2 "
+                                         f"(got {text!r})") from None
 
 
 def _run_convert(args: argparse.Namespace) -> int:
@@ -160,13 +187,49 @@ def _run_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_plan(args: argparse.Namespace) -> int:
+    from graphstore.buffer import plan_epoch
+
+    options = {
+        key: getattr(args, attr)
+        for key, attr in (("reuse", "reuse"), ("num_logical_partitions", "num_logical_partitions"),
+                          ("train_partitions", "train_partitions"), ("task", "task"))
+        if getattr(args, attr) is not None
+    }
+    start = time.perf_counter()
+    plan = plan_epoch(args.policy, num_partitions=args.partitions, capacity=args.capacity,
+                      epoch=args.epoch, seed=args.seed, **options)
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps(plan.to_dict()))
+        return 0
+    loads = len(plan.states[0]) + plan.num_swaps
+    print(f"{plan.policy} ({plan.task}), p={plan.num_partitions} c={plan.capacity} epoch {plan.epoch} "
+          f"seed {plan.seed}: {plan.num_states} states, {plan.num_swaps} swaps, "
+          f"{loads} partition loads from a cold buffer (planned in {seconds * 1000:.0f} ms)")
+    extras = {k: v for k, v in plan.options.items() if k != "train_partitions"}
+    if extras:
+        print("  options: " + ", ".join(f"{k}={v}" for k, v in extras.items()))
+    shown = 8
+    for state in plan.buffer_states():
+        if state.index == shown:
+            print(f"  ... {plan.num_states - shown} more states (--json for all)")
+            break
+        trains = ("" if state.train_partitions is None
+                  else f"  trains {list(state.train_partitions)} x{state.passes}")
+        print(f"  state {state.index}: {list(state.partitions)}{trains}")
+    if plan.static_cache is not None:
+        print(f"  static cache: {len(plan.static_cache)} nodes")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
-    handlers = {"convert": _run_convert, "info": _run_info, "verify": _run_verify}
+    handlers = {"convert": _run_convert, "info": _run_info, "verify": _run_verify, "plan": _run_plan}
     try:
         return handlers[args.command](args)
     except GraphStoreError as exc:

@@ -1,0 +1,202 @@
+"""Node-classification policies (sequential, dispersed, hierbatching) and ``in_memory``.
+
+A node-classification state trains the training nodes of some resident partitions; the
+other resident partitions are there as neighbourhood for sampling. Without a store, the
+partitions that hold training nodes come as the option ``train_partitions`` (default all).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+from graphstore.buffer.policies.base import (
+    TASK_BOTH,
+    TASK_LINK,
+    TASK_NODE,
+    EpochPlan,
+    frozen_array,
+    register_policy,
+)
+from graphstore.errors import ConfigError
+
+__all__ = ["static_cache_ids"]
+
+
+def _train_set(train_partitions: Iterable[int] | None, p: int) -> list[int]:
+    """Validated, ascending, de-duplicated training partitions (all when None)."""
+    if train_partitions is None:
+        return list(range(p))
+    try:
+        ids = np.asarray(list(train_partitions))
+    except TypeError:
+        raise ConfigError(f"train_partitions must be a list of partition ids "
+                          f"(got {train_partitions!r})") from None
+    if ids.size == 0:
+        raise ConfigError("train_partitions is empty: a node-classification epoch needs training nodes")
+    if ids.dtype.kind not in "iu" or ids.ndim != 1:
+        raise ConfigError(f"train_partitions must be a list of integer partition ids "
+                          f"(got {train_partitions!r})")
+    bad = ids[(ids < 0) | (ids >= p)]
+    if bad.size:
+        raise ConfigError(f"train_partitions must be in [0, {p}) (got {int(bad[0])})")
+    return sorted(set(ids.tolist()))
+
+
+def _fill(rng: np.random.Generator, chosen: list[int], p: int, capacity: int) -> tuple[int, ...]:
+    """``chosen`` plus random other partitions up to ``capacity``, ascending."""
+    others = np.setdiff1d(np.arange(p), chosen)
+    extra = rng.choice(others, size=min(capacity - len(chosen), len(others)), replace=False)
+    return tuple(sorted(chosen + extra.tolist()))
+
+
+def _check_positive(name: str, value, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer (got {value!r})")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be <= {maximum} (got {value})")
+    return int(value)
+
+
+def _node_plan(policy: str, p: int, c: int, epoch: int, seed: int, states, train, passes,
+               **extra) -> EpochPlan:
+    return EpochPlan(policy=policy, task=TASK_NODE, num_partitions=p, capacity=c, epoch=epoch, seed=seed,
+                     states=list(states), train_partitions=list(train), passes=list(passes), **extra)
+
+
+@register_policy("sequential", task=TASK_NODE, options=("train_partitions",),
+                 summary="node classification: all training partitions resident plus random fillers")
+def plan_sequential(*, num_partitions: int, capacity: int, epoch: int, seed: int, rng: np.random.Generator,
+                    train_partitions: Iterable[int] | None = None) -> EpochPlan:
+    """SEQUENTIAL (MariusGNN): one state holding every training partition, the rest of the
+    buffer filled with other partitions drawn from ``(seed, epoch)``; each training
+    partition trained once."""
+    p, c = num_partitions, capacity
+    train = _train_set(train_partitions, p)
+    if len(train) > c:
+        raise ConfigError(f"sequential keeps all {len(train)} training partitions resident "
+                          f"but capacity is {c}; use capacity >= {len(train)}, or the 'dispersed' or 'hierbatching' policy")
+    return _node_plan("sequential", p, c, epoch, seed, [_fill(rng, train, p, c)], [tuple(train)], [1],
+                      options={"train_partitions": train})
+
+
+@register_policy("dispersed", task=TASK_NODE, options=("train_partitions", "train_partitions_per_state"),
+                 summary="node classification: training partitions spread over states with random fillers")
+def plan_dispersed(*, num_partitions: int, capacity: int, epoch: int, seed: int, rng: np.random.Generator,
+                   train_partitions: Iterable[int] | None = None,
+                   train_partitions_per_state: int | None = None) -> EpochPlan:
+    """DISPERSED (MariusGNN): the shuffled training partitions split evenly over
+    ``ceil(len(train) / t)`` states, ``t = train_partitions_per_state`` (default
+    ``max(1, c // 2)``, so half the buffer is left for neighbourhood); each state filled up
+    to c with random other partitions, each training partition trained in exactly one state."""
+    p, c = num_partitions, capacity
+    train = _train_set(train_partitions, p)
+    per_state = (max(1, c // 2) if train_partitions_per_state is None
+                 else _check_positive("train_partitions_per_state", train_partitions_per_state, c))
+    chunks = np.array_split(rng.permutation(train), math.ceil(len(train) / per_state))
+    trained = [tuple(sorted(chunk.tolist())) for chunk in chunks]
+    states = [_fill(rng, list(t), p, c) for t in trained]
+    return _node_plan("dispersed", p, c, epoch, seed, states, trained, [1] * len(states),
+                      options={"train_partitions": train, "train_partitions_per_state": per_state})
+
+
+def static_cache_ids(degrees, fraction: float) -> np.ndarray:
+    """Store ids of the ``k = ceil(fraction * N)`` highest-degree nodes, ascending.
+
+    Ties go to the lower id, so the cache is a function of the degrees alone.
+
+    Parameters
+    ----------
+    degrees : array_like
+        ``[N]`` non-negative node degrees, indexed by store id.
+    fraction : float
+        r_s in [0, 1].
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[k] int64``.
+
+    Examples
+    --------
+    >>> static_cache_ids([3, 9, 1, 9, 4], 0.5).tolist()
+    [1, 3, 4]
+    """
+    deg = np.asarray(degrees)
+    if deg.ndim != 1 or deg.dtype.kind not in "iuf":
+        raise ConfigError(f"degrees must be a 1-d numeric array [N] "
+                          f"(got shape {deg.shape}, dtype {deg.dtype})")
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating, np.integer)) \
+            or not 0.0 <= fraction <= 1.0:
+        raise ConfigError(f"static_cache_fraction must be in [0, 1] (got {fraction!r})")
+    k = math.ceil(fraction * len(deg))
+    # A stable sort on the negated degree keeps equal degrees in id order.
+    # Widen first: negating an unsigned array would wrap around.
+    order = np.argsort(-deg.astype(np.float64 if deg.dtype.kind == "f" else np.int64), kind="stable")
+    return np.sort(order[:k]).astype(np.int64)
+
+
+@register_policy("hierbatching", task=TASK_NODE,
+                 options=("train_partitions", "reuse", "degrees", "static_cache_fraction"),
+                 summary="node classification: shuffled mega-batches of c partitions, each reused")
+def plan_hierbatching(*, num_partitions: int, capacity: int, epoch: int, seed: int, rng: np.random.Generator,
+                      train_partitions: Iterable[int] | None = None, reuse: int = 2, degrees=None,
+                      static_cache_fraction: float | None = None) -> EpochPlan:
+    """HierBatching: the partitions shuffled from ``(seed, epoch)`` and cut into mega-batches
+    of c (the last may be smaller); each mega-batch trains its training partitions for
+    ``reuse`` passes. A mega-batch without training partitions is skipped (nothing to train).
+
+    With ``degrees`` ([N], by store id) the plan carries a static cache of the
+    ``ceil(static_cache_fraction * N)`` highest-degree nodes (default fraction 0.01).
+    """
+    p, c = num_partitions, capacity
+    train = _train_set(train_partitions, p)
+    reuse = _check_positive("reuse", reuse)
+    if degrees is None and static_cache_fraction is not None:
+        raise ConfigError("static_cache_fraction needs degrees (the [N] node degrees by store id)")
+    fraction = 0.01 if static_cache_fraction is None else static_cache_fraction
+    cache = None if degrees is None else frozen_array(static_cache_ids(degrees, fraction))
+
+    is_train = np.zeros(p, dtype=bool)
+    is_train[train] = True
+    order = rng.permutation(p)
+    states, trained = [], []
+    for start in range(0, p, c):
+        batch = np.sort(order[start:start + c])
+        mine = batch[is_train[batch]]
+        if mine.size:
+            states.append(tuple(batch.tolist()))
+            trained.append(tuple(mine.tolist()))
+    options = {"train_partitions": train, "reuse": reuse}
+    if cache is not None:
+        options["static_cache_fraction"] = fraction
+    return _node_plan("hierbatching", p, c, epoch, seed, states, trained, [reuse] * len(states),
+                      static_cache=cache, options=options)
+
+
+@register_policy("in_memory", task=TASK_BOTH, options=("task", "train_partitions"),
+                 summary="the reference: every partition resident, everything trained once")
+def plan_in_memory(*, num_partitions: int, capacity: int, epoch: int, seed: int, rng: np.random.Generator,
+                   task: str | None = None, train_partitions: Iterable[int] | None = None) -> EpochPlan:
+    """IN_MEMORY: one state with all partitions (so capacity must be p). Without ``task``
+    the plan fills both the link fields (every bucket in state 0) and the node fields
+    (every training partition once)."""
+    p, c = num_partitions, capacity
+    if c < p:
+        raise ConfigError(f"in_memory keeps all {p} partitions resident but capacity is {c}; "
+                          f"use capacity >= {p}, or an out-of-core policy")
+    link = task in (None, TASK_LINK)
+    node = task in (None, TASK_NODE)
+    if train_partitions is not None and not node:
+        raise ConfigError("train_partitions is for node classification, not task='link'")
+    train = _train_set(train_partitions, p) if node else None
+    return EpochPlan(
+        policy="in_memory", task=task or TASK_BOTH, num_partitions=p, capacity=c, epoch=epoch, seed=seed,
+        states=[tuple(range(p))],
+        bucket_states=frozen_array(np.zeros((p, p), dtype=np.int32)) if link else None,
+        train_partitions=[tuple(train)] if node else None,
+        passes=[1] if node else None,
+        options={"train_partitions": train} if node else {},
+    )

@@ -1,0 +1,413 @@
+"""Policies as pure plans: every registered policy through one invariant suite.
+
+Link prediction: every ordered bucket (i, j) trains in exactly one state, and that state
+holds i and j; BETA/COMET states differ by one (logical) partition. Node classification:
+every training partition is trained ``reuse`` times (passes-weighted), nothing else is.
+All: states are ascending, within capacity, deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from graphstore.buffer import (
+    EpochPlan,
+    get_policy,
+    plan_epoch,
+    policy_names,
+    register_policy,
+    static_cache_ids,
+)
+from graphstore.buffer.policies import _link, beta_order, default_logical_partitions
+from graphstore.errors import ConfigError
+from tests.conftest import REPO
+
+LINK = [n for n in policy_names() if get_policy(n).task in ("link", "both")]
+NODE = [n for n in policy_names() if get_policy(n).task in ("node", "both")]
+RANDOMISED_LINK = ["beta", "comet"]
+RANDOMISED_NODE = ["sequential", "dispersed", "hierbatching"]
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_the_registry_holds_the_six_policies():
+    assert policy_names() == ("beta", "comet", "dispersed", "hierbatching", "in_memory", "sequential")
+    assert set(LINK) == {"beta", "comet", "in_memory"}
+    assert set(NODE) == {"sequential", "dispersed", "hierbatching", "in_memory"}
+
+
+def valid_capacity(name: str, p: int, c: int) -> bool:
+    """Whether the policy can plan (p, c) with default options (others must raise)."""
+    if name == "in_memory":
+        return c >= p
+    if name == "sequential":  # with the default train_partitions: all of them
+        return c >= p
+    if name in ("beta", "comet"):
+        return p == 1 or c >= 2
+    return True
+
+
+# ---------------------------------------------------------------- the invariant suite
+
+
+def check_states(plan: EpochPlan, p: int, c: int) -> None:
+    assert plan.capacity == min(c, p) and plan.num_partitions == p
+    assert len(plan.states) >= 1
+    for state in plan.states:
+        assert isinstance(state, tuple) and all(type(x) is int for x in state)
+        assert list(state) == sorted(set(state)), "ascending, no repeats"
+        assert 0 <= state[0] and state[-1] < p
+        assert 1 <= len(state) <= plan.capacity
+
+
+def membership(plan: EpochPlan) -> np.ndarray:
+    """``[S, p] bool``: partition resident in state."""
+    m = np.zeros((len(plan.states), plan.num_partitions), dtype=bool)
+    for s, state in enumerate(plan.states):
+        m[s, list(state)] = True
+    return m
+
+
+def check_link(plan: EpochPlan) -> None:
+    p = plan.num_partitions
+    bs = plan.bucket_states
+    assert isinstance(bs, np.ndarray) and bs.shape == (p, p) and bs.dtype.kind == "i"
+    assert not bs.flags.writeable
+    # One entry per ordered bucket is "exactly once"; it must name a state holding both ends.
+    assert bs.min() >= 0 and bs.max() < len(plan.states)
+    m = membership(plan)
+    ids = np.arange(p)
+    assert m[bs, ids[:, None]].all() and m[bs, ids[None, :]].all()
+    if plan.task == "link":
+        assert plan.train_partitions is None and plan.passes is None
+
+
+def check_one_swap(plan: EpochPlan) -> None:
+    for a, b in zip(plan.states, plan.states[1:]):
+        assert len(a) == len(b) and len(set(a) - set(b)) == 1, (a, b)
+
+
+def check_comet(plan: EpochPlan) -> None:
+    groups = plan.logical_groups
+    assert sorted(x for g in groups for x in g) == list(range(plan.num_partitions)), "groups partition p"
+    assert max(map(len, groups)) - min(map(len, groups)) <= 1
+    assert len(plan.logical_states) == len(plan.states)
+    for logical, physical in zip(plan.logical_states, plan.states):
+        assert tuple(sorted(x for g in logical for x in groups[g])) == physical
+    for a, b in zip(plan.logical_states, plan.logical_states[1:]):
+        assert len(a) == len(b) and len(set(a) - set(b)) == 1, (a, b)
+
+
+def check_node(plan: EpochPlan, train: list[int], visits: int) -> None:
+    assert plan.bucket_states is None or plan.task == "both"
+    assert len(plan.train_partitions) == len(plan.passes) == len(plan.states)
+    trained = Counter()
+    for state, mine, passes in zip(plan.states, plan.train_partitions, plan.passes):
+        assert set(mine) <= set(state) and list(mine) == sorted(set(mine))
+        assert passes >= 1
+        for x in mine:
+            trained[x] += passes
+    assert trained == {x: visits for x in train}
+
+
+def plan_and_check(name: str, p: int, c: int, epoch: int, seed: int, **options) -> EpochPlan:
+    plan = plan_epoch(name, num_partitions=p, capacity=c, epoch=epoch, seed=seed, **options)
+    assert plan.policy == name and plan.epoch == epoch and plan.seed == seed
+    check_states(plan, p, c)
+    if plan.bucket_states is not None:
+        check_link(plan)
+    if name in ("beta", "comet"):
+        assert plan.task == "link"
+        check_comet(plan) if name == "comet" else check_one_swap(plan)
+    if plan.train_partitions is not None:
+        train = sorted(set(options.get("train_partitions", range(p))))
+        check_node(plan, train, options.get("reuse", 2) if name == "hierbatching" else 1)
+    return plan
+
+
+sizes = st.integers(1, 40).flatmap(lambda p: st.tuples(st.just(p), st.integers(1, p + 3)))
+
+
+@FAST
+@given(pc=sizes, epoch=st.integers(0, 5), seed=st.integers(0, 2**32), name=st.sampled_from(policy_names()))
+def test_every_policy_keeps_its_invariants(pc, epoch, seed, name):
+    p, c = pc
+    if not valid_capacity(name, p, c):
+        with pytest.raises(ConfigError, match="capacity"):
+            plan_epoch(name, num_partitions=p, capacity=c, epoch=epoch, seed=seed)
+        return
+    plan = plan_and_check(name, p, c, epoch, seed)
+    again = plan_epoch(name, num_partitions=p, capacity=c, epoch=epoch, seed=seed)
+    assert json.dumps(plan.to_dict()) == json.dumps(again.to_dict()), "deterministic for a seed"
+
+
+@FAST
+@given(pc=sizes, seed=st.integers(0, 1000), data=st.data())
+def test_comet_with_any_logical_partitioning(pc, seed, data):
+    p, c = pc
+    assume(c >= 2 or p == 1)
+    l = data.draw(st.integers(1, p), label="num_logical_partitions")
+    group = math.ceil(p / l)
+    if min(l, min(c, p) // group) < min(2, l):
+        with pytest.raises(ConfigError, match="at least 2 logical partitions"):
+            plan_epoch("comet", num_partitions=p, capacity=c, seed=seed, num_logical_partitions=l)
+        return
+    plan = plan_and_check("comet", p, c, 0, seed, num_logical_partitions=l)
+    assert len(plan.logical_groups) == l
+
+
+@FAST
+@given(pc=sizes, seed=st.integers(0, 1000), reuse=st.integers(1, 4), data=st.data())
+def test_node_policies_train_only_the_training_partitions(pc, seed, reuse, data):
+    p, c = pc
+    train = data.draw(st.lists(st.integers(0, p - 1), min_size=1, max_size=2 * p), label="train_partitions")
+    name = data.draw(st.sampled_from(["sequential", "dispersed", "hierbatching"]), label="policy")
+    options = {"train_partitions": train}
+    if name == "hierbatching":
+        options["reuse"] = reuse
+    if name == "dispersed":
+        options["train_partitions_per_state"] = data.draw(st.integers(1, min(c, p)), label="per_state")
+    if name == "sequential" and len(set(train)) > c:
+        with pytest.raises(ConfigError, match="dispersed"):
+            plan_epoch(name, num_partitions=p, capacity=c, seed=seed, **options)
+        return
+    plan = plan_and_check(name, p, c, 0, seed, **options)
+    if name == "hierbatching":
+        assert set(plan.passes) == {reuse}
+    if name == "sequential":
+        assert len(plan.states) == 1 and len(plan.states[0]) == min(c, p), "fillers use the whole buffer"
+    if name == "dispersed":
+        assert all(len(s) == min(c, p) for s in plan.states)
+
+
+def test_in_memory_is_one_state_with_everything():
+    plan = plan_and_check("in_memory", 5, 5, 0, 0)
+    assert plan.states == [(0, 1, 2, 3, 4)] and plan.task == "both"
+    assert (plan.bucket_states == 0).all()
+    assert plan.train_partitions == [(0, 1, 2, 3, 4)] and plan.passes == [1]
+    link = plan_epoch("in_memory", num_partitions=5, capacity=9, task="link")
+    assert link.task == "link" and link.train_partitions is None and link.capacity == 5
+    node = plan_epoch("in_memory", num_partitions=5, capacity=5, task="node", train_partitions=[3, 1])
+    assert node.bucket_states is None and node.train_partitions == [(1, 3)]
+
+
+# ---------------------------------------------------------------- BETA and COMET specifics
+
+
+def test_beta_and_comet_at_mariusgnn_settings():
+    beta = plan_and_check("beta", 16, 4, 0, 0)
+    comet = plan_and_check("comet", 16, 4, 0, 0)
+    # covering bound: 1 + (pairs - pairs of the first state) / (new pairs per swap)
+    assert math.ceil(1 + (120 - 6) / 3) <= len(beta.states) <= 43
+    assert comet.options == {"num_logical_partitions": 8, "logical_capacity": 2}
+    assert len(comet.states) == 28  # C(8, 2): every pair of logical partitions once
+    assert all(len(s) == 4 for s in comet.states)
+
+
+@pytest.mark.parametrize("n, k", [(2, 2), (5, 2), (7, 3), (16, 4), (30, 7), (100, 25), (64, 63)])
+def test_beta_order_meets_every_pair_close_to_the_bound(n, k):
+    slots, swap_slot = beta_order(n, k)
+    assert slots.shape[1] == k and swap_slot[0] == -1
+    met = np.zeros((n, n), dtype=bool)
+    for row in slots:
+        met[np.ix_(row, row)] = True
+    assert met.all()
+    changed = (slots[1:] != slots[:-1]).sum(axis=1)
+    assert (changed == 1).all() and (np.flatnonzero(slots[1:] != slots[:-1]) % k == swap_slot[1:]).all()
+    bound = math.ceil(1 + (n * (n - 1) / 2 - k * (k - 1) / 2) / (k - 1))
+    assert bound <= len(slots) <= 1.25 * bound + k
+
+
+def test_beta_trains_a_bucket_in_the_first_state_holding_both():
+    plan = plan_epoch("beta", num_partitions=12, capacity=3, seed=4)
+    m = membership(plan)
+    both = m[:, :, None] & m[:, None, :]
+    assert (plan.bucket_states == both.argmax(axis=0)).all()
+
+
+def test_comet_draws_bucket_states_at_random():
+    plan = plan_epoch("comet", num_partitions=16, capacity=4, seed=0)
+    # Inside one logical partition a bucket could go to any of the 7 states holding it.
+    g = list(plan.logical_groups[0])
+    holding = [s for s, logical in enumerate(plan.logical_states) if 0 in logical]
+    assert len(holding) == 7
+    counts = Counter()
+    for seed in range(30):
+        p2 = plan_epoch("comet", num_partitions=16, capacity=4, seed=seed)
+        grp = p2.logical_groups[0]
+        counts.update(p2.bucket_states[np.ix_(grp, grp)].ravel().tolist())
+        states = {s for s, logical in enumerate(p2.logical_states) if 0 in logical}
+        assert set(p2.bucket_states[np.ix_(grp, grp)].ravel().tolist()) <= states
+    assert set(counts) == set(holding), "diagonal-block buckets spread over all 7 states"
+    assert plan.bucket_states[g[0], g[1]] in holding
+
+
+@pytest.mark.parametrize("limits", [dict(_SAMPLE_BLOCK=50), dict(_MAX_RANDOM_BLOCKS=0),
+                                    dict(_TABLE_LIMIT=0, _SAMPLE_BLOCK=64)])
+def test_comet_sampling_paths_agree_on_the_invariants(monkeypatch, limits):
+    for name, value in limits.items():
+        monkeypatch.setattr(_link, name, value)
+    for p, c, l in [(16, 4, None), (23, 6, 23), (40, 10, 9)]:
+        plan = plan_and_check("comet", p, c, 1, 7, **({} if l is None else {"num_logical_partitions": l}))
+        per_pair = Counter(plan.bucket_states[np.triu_indices(p)].tolist())
+        assert len(per_pair) > 1
+
+
+def test_default_logical_partitions():
+    assert default_logical_partitions(16, 4) == 8  # MariusGNN's 2p / c
+    assert default_logical_partitions(16, 6) == 6  # 2p / c = 5.3 would leave room for one group only
+    assert default_logical_partitions(7, 2) == 7  # c = 2: COMET over single partitions
+    assert default_logical_partitions(5, 5) == 1  # everything fits: one state
+    assert plan_epoch("comet", num_partitions=5, capacity=9).states == [(0, 1, 2, 3, 4)]
+
+
+@pytest.mark.parametrize("p", [1000])
+def test_large_plans_stay_valid(p):
+    for name in ("beta", "comet"):
+        plan = plan_epoch(name, num_partitions=p, capacity=p // 4, seed=1)
+        check_link(plan)
+
+
+# ---------------------------------------------------------------- randomness and determinism
+
+
+@pytest.mark.parametrize("name", RANDOMISED_LINK + RANDOMISED_NODE)
+def test_plans_differ_across_seeds(name):
+    options = {"train_partitions": [0, 3, 5]} if name == "sequential" else {}
+    plans = {str(plan_epoch(name, num_partitions=16, capacity=4, seed=s, **options).states) for s in range(4)}
+    assert len(plans) == 4
+
+
+@pytest.mark.parametrize("name", ["comet", "hierbatching"])
+def test_plans_differ_across_epochs(name):
+    plans = [plan_epoch(name, num_partitions=16, capacity=4, epoch=e, seed=3) for e in range(4)]
+    assert len({json.dumps(p.to_dict()["states"]) for p in plans}) == 4
+    if name == "comet":
+        assert len({p.logical_groups for p in plans}) == 4, "regrouped every epoch"
+
+
+def test_plans_are_values():
+    plan = plan_epoch("beta", num_partitions=6, capacity=3)
+    with pytest.raises(AttributeError):
+        plan.states = []
+    with pytest.raises(ValueError):
+        plan.bucket_states[0, 0] = 5
+    states = list(plan.buffer_states())
+    assert states[0].admitted == plan.states[0] and states[0].evicted == ()
+    assert all(len(s.admitted) == len(s.evicted) == 1 for s in states[1:])
+    assert plan.num_swaps == len(plan.states) - 1
+
+
+# ---------------------------------------------------------------- static cache
+
+
+@FAST
+@given(degrees=st.lists(st.integers(0, 6), min_size=1, max_size=200), fraction=st.floats(0, 1))
+def test_static_cache_is_exactly_the_top_k_by_degree(degrees, fraction):
+    k = math.ceil(fraction * len(degrees))
+    expected = sorted(sorted(range(len(degrees)), key=lambda i: (-degrees[i], i))[:k])
+    assert static_cache_ids(np.array(degrees, dtype=np.uint32), fraction).tolist() == expected
+    plan = plan_epoch("hierbatching", num_partitions=4, capacity=2, degrees=degrees,
+                      static_cache_fraction=fraction)
+    assert plan.static_cache.dtype == np.int64 and plan.static_cache.tolist() == expected
+
+
+def test_static_cache_defaults_and_absence():
+    degrees = np.arange(1000)
+    plan = plan_epoch("hierbatching", num_partitions=4, capacity=2, degrees=degrees)
+    assert plan.static_cache.tolist() == list(range(990, 1000))  # 1 % of 1000
+    assert plan_epoch("hierbatching", num_partitions=4, capacity=2).static_cache is None
+    with pytest.raises(ConfigError, match="needs degrees"):
+        plan_epoch("hierbatching", num_partitions=4, capacity=2, static_cache_fraction=0.1)
+    with pytest.raises(ConfigError, match=r"\[0, 1\]"):
+        plan_epoch("hierbatching", num_partitions=4, capacity=2, degrees=degrees, static_cache_fraction=1.5)
+
+
+# ---------------------------------------------------------------- errors and the registry
+
+
+def test_unknown_policy_lists_the_known_ones():
+    with pytest.raises(ConfigError) as info:
+        plan_epoch("lru", num_partitions=4, capacity=2)
+    assert "'lru'" in str(info.value)
+    for name in policy_names():
+        assert name in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_registry_refuses_duplicates():
+    with pytest.raises(ConfigError, match="already registered"):
+        register_policy("beta", task="link")(lambda **kw: None)
+    assert get_policy("beta").plan is _link.plan_beta
+
+
+@pytest.mark.parametrize("call, message", [
+    (dict(policy="beta", num_partitions=4, capacity=1), "capacity >= 2"),
+    (dict(policy="comet", num_partitions=4, capacity=1), "capacity >= 2"),
+    (dict(policy="comet", num_partitions=16, capacity=4, num_logical_partitions=4), "at least 2 logical"),
+    (dict(policy="comet", num_partitions=16, capacity=4, num_logical_partitions=17), r"\[1, 16\]"),
+    (dict(policy="sequential", num_partitions=8, capacity=2, train_partitions=[1, 2, 3]), "capacity >= 3"),
+    (dict(policy="in_memory", num_partitions=8, capacity=7), "capacity >= 8"),
+    (dict(policy="beta", num_partitions=0, capacity=1), "num_partitions must be >= 1"),
+    (dict(policy="beta", num_partitions=4, capacity=2, seed=-1), "seed must be >= 0"),
+    (dict(policy="beta", num_partitions=4, capacity=2.0), "capacity must be an integer"),
+    (dict(policy="beta", num_partitions=4, capacity=2, reuse=2), "does not take option"),
+    (dict(policy="beta", num_partitions=4, capacity=2, task="node"), "link prediction, not node"),
+    (dict(policy="hierbatching", num_partitions=4, capacity=2, reuse=0), "reuse must be a positive"),
+    (dict(policy="dispersed", num_partitions=4, capacity=2, train_partitions=[4]), r"\[0, 4\)"),
+    (dict(policy="dispersed", num_partitions=4, capacity=2, train_partitions=[]), "empty"),
+])
+def test_errors_say_what_and_how(call, message):
+    policy = call.pop("policy")
+    with pytest.raises(ConfigError, match=message):
+        plan_epoch(policy, **call)
+
+
+def test_capacity_above_p_is_clamped():
+    plan = plan_epoch("beta", num_partitions=3, capacity=10)
+    assert plan.capacity == 3 and plan.states == [(0, 1, 2)]
+    assert plan_epoch("hierbatching", num_partitions=3, capacity=10).states == [(0, 1, 2)]
+
+
+# ---------------------------------------------------------------- command line
+
+
+def run(*args, code=0):
+    proc = subprocess.run([sys.executable, "-m", "graphstore", "plan", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == code, proc.stderr
+    return proc
+
+
+def test_cli_prints_the_plan_as_json():
+    out = json.loads(run("--policy", "beta", "--partitions", 8, "--capacity", 4, "--json").stdout)
+    direct = plan_epoch("beta", num_partitions=8, capacity=4)
+    assert out["states"] == [list(s) for s in direct.states]
+    assert out["bucket_states"] == direct.bucket_states.tolist()
+    out = json.loads(run("--policy", "hierbatching", "--partitions", 6, "--capacity", 2, "--seed", 3,
+                         "--epoch", 2, "--reuse", 3, "--train-partitions", "0,2,4", "--json").stdout)
+    direct = plan_epoch("hierbatching", num_partitions=6, capacity=2, seed=3, epoch=2, reuse=3,
+                        train_partitions=[0, 2, 4])
+    assert out["train_partitions"] == [list(t) for t in direct.train_partitions] and set(out["passes"]) == {3}
+    out = json.loads(run("--policy", "comet", "--partitions", 16, "--capacity", 4,
+                         "--num-logical-partitions", 4, "--capacity", 8, "--json").stdout)
+    assert len(out["logical_groups"]) == 4
+
+
+def test_cli_summary_and_errors():
+    text = run("--policy", "comet", "--partitions", 16, "--capacity", 4).stdout
+    assert "28 states" in text and "num_logical_partitions=8" in text
+    proc = run("--policy", "lru", "--partitions", 4, "--capacity", 2, code=1)
+    assert proc.stderr.count("\n") == 1 and "known policies: beta, comet" in proc.stderr
+    proc = run("--policy", "beta", "--partitions", 4, "--capacity", 1, code=1)
+    assert "capacity >= 2" in proc.stderr and "Traceback" not in proc.stderr
+    run("--policy", "beta", "--partitions", 0, "--capacity", 1, code=2)
