@@ -6,6 +6,7 @@
 """
 
 from graphstore.errors import (
+    BufferClosedError,
     ConfigError,
     CorruptStoreError,
     GraphStoreError,
@@ -24,6 +25,7 @@ from graphstore.layout.store import open_store as open
 
 __all__ = [
     "FORMAT_VERSION",
+    "BufferClosedError",
     "ConfigError",
     "CorruptStoreError",
     "GraphStoreError",

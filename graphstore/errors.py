@@ -11,7 +11,8 @@ Python programmer would catch for it, so ``except FileNotFoundError`` keeps work
     │   ├── StoreExistsError(FileExistsError)        output exists and --overwrite not given
     │   └── StoreVersionError                        unknown format_version
     ├── CorruptStoreError(ValueError)      `verify` found a broken array or chunk
-    └── ConfigError(ValueError)            an option value that cannot work (p > N, ...)
+    ├── ConfigError(ValueError)            an option value that cannot work (p > N, ...)
+    └── BufferClosedError(RuntimeError)    a closed or already iterated buffer was used
 
 The command line prints ``str(error)`` on one line and exits 1 for any of these.
 """
@@ -19,6 +20,7 @@ The command line prints ``str(error)`` on one line and exits 1 for any of these.
 from __future__ import annotations
 
 __all__ = [
+    "BufferClosedError",
     "ConfigError",
     "CorruptStoreError",
     "GraphStoreError",
@@ -66,3 +68,7 @@ class CorruptStoreError(GraphStoreError, ValueError):
 
 class ConfigError(GraphStoreError, ValueError):
     """An option value that cannot work, e.g. more partitions than nodes."""
+
+
+class BufferClosedError(GraphStoreError, RuntimeError):
+    """The `BufferManager` was closed, or its single pass over the states was already taken."""

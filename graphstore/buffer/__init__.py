@@ -1,5 +1,6 @@
-"""The partition buffer: which partitions are in memory when (policies), and later the
-buffer that holds them. See ARCHITECTURE.md, "The buffer manager".
+"""The partition buffer: which partitions are in memory when (policies), the loader that
+reads them ahead of training (manager), and what samplers see of them (resident graph).
+See ARCHITECTURE.md, "The buffer manager".
 
 >>> from graphstore.buffer import plan_epoch
 >>> plan = plan_epoch("comet", num_partitions=16, capacity=4, epoch=0, seed=0)
@@ -7,6 +8,7 @@ buffer that holds them. See ARCHITECTURE.md, "The buffer manager".
 (8, True)
 """
 
+from graphstore.buffer.manager import BufferManager, BufferStats, LoadedState, planned_read_bytes
 from graphstore.buffer.policies import (
     BufferState,
     EpochPlan,
@@ -17,13 +19,20 @@ from graphstore.buffer.policies import (
     register_policy,
     static_cache_ids,
 )
+from graphstore.buffer.resident import ResidentGraph, build_resident_graph
 
 __all__ = [
+    "BufferManager",
     "BufferState",
+    "BufferStats",
     "EpochPlan",
+    "LoadedState",
     "Policy",
+    "ResidentGraph",
+    "build_resident_graph",
     "get_policy",
     "plan_epoch",
+    "planned_read_bytes",
     "policy_names",
     "register_policy",
     "static_cache_ids",

@@ -9,7 +9,7 @@ store and local ids is arithmetic on the partition number, not a hash table.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +18,7 @@ import torch
 from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
 
-__all__ = ["ResidentGraph", "build_resident_graph"]
+__all__ = ["ResidentGraph", "assemble_resident_graph", "build_resident_graph"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,6 +67,10 @@ class ResidentGraph:
         return torch.where(slot >= 0, local, torch.full_like(local, -1))
 
 
+Bucket = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
+"""One edge bucket as `Store.read_bucket` returns it: ``(src, dst, rel)``, [m] store ids each."""
+
+
 def build_resident_graph(store: Store, partitions: Sequence[int], *, with_features: bool = True) -> ResidentGraph:
     """Read ``partitions`` and every bucket among them from ``store`` into a `ResidentGraph`.
 
@@ -79,11 +83,62 @@ def build_resident_graph(store: Store, partitions: Sequence[int], *, with_featur
     ConfigError
         An unknown or repeated partition id.
     """
+    parts = _check_partitions(store, partitions)
+    buckets = {(i, j): store.read_bucket(i, j) for j in parts for i in parts}
+    features = labels = None
+    if with_features and store.manifest.has_features:
+        features = {k: store.read_features(k) for k in parts}
+    if store.manifest.has_labels:
+        labels = {k: store.read_labels(k) for k in parts}
+    return assemble_resident_graph(store, parts, buckets=buckets, features=features, labels=labels)
+
+
+def _check_partitions(store: Store, partitions: Sequence[int]) -> tuple[int, ...]:
     parts = tuple(int(k) for k in partitions)
     if len(set(parts)) != len(parts):
         raise ConfigError(f"resident partitions must be distinct (got {list(parts)})")
+    for k in parts:
+        store.partition_range(k)  # raises ConfigError naming a bad id
+    return parts
+
+
+def assemble_resident_graph(
+    store: Store,
+    partitions: Sequence[int],
+    *,
+    buckets: Mapping[tuple[int, int], Bucket],
+    features: Mapping[int, np.ndarray] | None,
+    labels: Mapping[int, np.ndarray] | None,
+) -> ResidentGraph:
+    """Build the `ResidentGraph` of ``partitions`` from rows and buckets already read.
+
+    Touches only ``store``'s metadata (sizes, dtypes), never its arrays, so a loader thread
+    can do the IO and the assembly can run wherever is convenient. The result is
+    identical to `build_resident_graph` given the same data.
+
+    Parameters
+    ----------
+    store : Store
+        The store the data came from (for partition sizes and dtypes).
+    partitions : sequence of int
+        Resident partition ids, in local-id order.
+    buckets : mapping (i, j) -> (src, dst, rel)
+        Every bucket among ``partitions``: [m] store ids each, ``rel`` [m] or None.
+    features : mapping k -> [P_k, D] array, or None
+        Feature rows of each partition (None: no features in the result).
+    labels : mapping k -> [P_k] int32 array, or None
+        Labels of each partition (None: no labels in the result).
+
+    Raises
+    ------
+    ConfigError
+        An unknown or repeated partition id.
+    KeyError
+        A bucket, feature or label block of a resident partition is missing.
+    """
+    parts = _check_partitions(store, partitions)
     P = store.partition_size
-    ranges = [store.partition_range(k) for k in parts]  # raises ConfigError naming a bad id
+    ranges = [store.partition_range(k) for k in parts]
     local_start = np.concatenate([[0], np.cumsum([stop - start for start, stop in ranges], dtype=np.int64)])
     node_ids = np.concatenate([np.zeros(0, np.int64)] + [np.arange(start, stop) for start, stop in ranges])
     slot_of = np.full(store.num_partitions, -1, dtype=np.int64)
@@ -98,7 +153,7 @@ def build_resident_graph(store: Store, partitions: Sequence[int], *, with_featur
     for j in parts:
         # Buckets (i, j) for all i lie side by side; read the resident ones.
         for i in parts:
-            s, d, r = store.read_bucket(i, j)
+            s, d, r = buckets[(i, j)]
             src_parts.append(local(s))
             dst_parts.append(local(d))
             if r is not None:
@@ -107,20 +162,23 @@ def build_resident_graph(store: Store, partitions: Sequence[int], *, with_featur
     src = np.concatenate([empty, *src_parts])
     dst = np.concatenate([empty, *dst_parts])
     rel = np.concatenate([empty, *rel_parts]) if store.manifest.has_relations else None
-    # Group by destination; within a destination keep ascending source (stable by local src).
-    order = np.lexsort((src, dst))
+    # Group by destination; within a destination keep ascending source. The concatenation
+    # already has it: buckets of one j come in state order of i, which is local-id order,
+    # and each bucket is sorted by (dst, src) in the store. So a stable sort by dst alone
+    # gives the (dst, src) order, and timsort only merges those sorted runs (several times
+    # faster than a lexsort on millions of edges).
+    order = np.argsort(dst, kind="stable")
     src, dst = src[order], dst[order]
     rel = None if rel is None else rel[order]
     indptr = np.zeros(int(local_start[-1]) + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=int(local_start[-1])), out=indptr[1:])
 
-    features = labels = None
-    if with_features and store.manifest.has_features:
+    if features is not None:
         dtype = np.dtype(store.manifest.feature_dtype)
-        rows = [np.zeros((0, store.feature_dim), dtype)] + [store.read_features(k) for k in parts]
+        rows = [np.zeros((0, store.feature_dim), dtype)] + [features[k] for k in parts]
         features = torch.from_numpy(np.concatenate(rows))
-    if store.manifest.has_labels:
-        rows = [np.zeros(0, np.int32)] + [store.read_labels(k) for k in parts]
+    if labels is not None:
+        rows = [np.zeros(0, np.int32)] + [labels[k] for k in parts]
         labels = torch.from_numpy(np.concatenate(rows).astype(np.int64))
     return ResidentGraph(
         partitions=parts,
