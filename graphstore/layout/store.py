@@ -83,6 +83,7 @@ class Store:
             )
         self.manifest = Manifest.from_json(raw, where=str(self.path))
         self._arrays: dict[str, zarr.Array] = {}
+        self._id_cache: dict[str, np.ndarray] = {}
         self._check_arrays()
         self.bucket_offsets: np.ndarray = self._array("edges/bucket_offsets")[...]
         """[p*p+1] int64: see `bucket_range`."""
@@ -309,8 +310,6 @@ class Store:
         bad = np.flatnonzero((ids < 0) | (ids >= self.num_nodes))
         if len(bad):
             raise ConfigError(f"node id {ids[bad[0]]} is outside [0, {self.num_nodes})")
-        if not hasattr(self, "_id_cache"):
-            self._id_cache: dict[str, np.ndarray] = {}
         table = self._id_cache.get(name)
         if table is None:
             table = self._id_cache[name] = self._array(name)[...].astype(np.int64)
@@ -321,7 +320,7 @@ class Store:
     def close(self) -> None:
         """Drop cached arrays (a local Zarr store holds no open files between reads)."""
         self._arrays.clear()
-        self.__dict__.pop("_id_cache", None)
+        self._id_cache.clear()
 
     def __enter__(self) -> Store:
         return self
