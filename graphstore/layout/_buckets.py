@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from graphstore.layout._arrays import ChunkedAppender
-from graphstore.layout._staging import ScratchFile, StagedEdges
+from graphstore.layout._staging import NODE_CHUNK, ScratchFile, StagedEdges, node_scratch
 from graphstore.layout._writer import StoreWriter
 
 __all__ = ["write_edges"]
@@ -30,7 +30,10 @@ def write_edges(layout: StoreWriter, staged: StagedEdges, store_id: np.ndarray, 
     in_count = staged.in_count
     if in_count is None:
         raise ValueError("staged edges lack in_count")  # EdgeStager always sets it
-    per_partition = np.bincount(store_id // size, weights=in_count, minlength=p).astype(np.int64)
+    per_partition = np.zeros(p, dtype=np.int64)
+    for a in range(0, len(in_count), NODE_CHUNK):
+        part_of = np.asarray(store_id[a : a + NODE_CHUNK]) // size
+        per_partition += np.bincount(part_of, weights=in_count[a : a + NODE_CHUNK], minlength=p).astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(per_partition)])
     scratch = {k: ScratchFile(str(work / f"grouped_{k}.i64"), np.int64) for k in names}
     try:
@@ -54,7 +57,7 @@ def write_edges(layout: StoreWriter, staged: StagedEdges, store_id: np.ndarray, 
             f.drop_cache()
         # Pass 2: per destination partition, sort by (src partition, dst, src[, rel]),
         # merge duplicates, append to the store.
-        return _sort_groups_into_store(layout, scratch, starts, with_rel, keep_duplicates)
+        return _sort_groups_into_store(layout, scratch, starts, with_rel, keep_duplicates, work)
     finally:
         for f in scratch.values():
             f.close(remove=True)
@@ -91,7 +94,7 @@ def _sort_group(s: np.ndarray, d: np.ndarray, r: np.ndarray | None, *, first: in
 
 
 def _sort_groups_into_store(layout: StoreWriter, scratch: dict[str, ScratchFile], starts: np.ndarray,
-                            with_rel: bool, keep_duplicates: bool) -> tuple[int, int]:
+                            with_rel: bool, keep_duplicates: bool, work_dir: Path) -> tuple[int, int]:
     p, size, n, idx = layout.p, layout.partition_size, layout.n, layout.idx
     total = int(starts[-1])
     out = {
@@ -100,8 +103,8 @@ def _sort_groups_into_store(layout: StoreWriter, scratch: dict[str, ScratchFile]
     }
     if with_rel:
         out["rel"] = ChunkedAppender(layout.array("edges/rel", (total,), "int32", (layout.edge_chunk,)))
-    in_degree = np.zeros(n, dtype=np.int64)
-    out_degree = np.zeros(n, dtype=np.int64)
+    in_degree = node_scratch(str(work_dir), "in_degree", n, np.int64)
+    out_degree = node_scratch(str(work_dir), "out_degree", n, np.int64)
     offsets = np.zeros(p * p + 1, dtype=np.int64)
     stored = cut = 0
     for j in range(p):

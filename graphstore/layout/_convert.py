@@ -37,10 +37,10 @@ from graphstore.errors import ConfigError, SourceError, StoreExistsError
 from graphstore.layout._buckets import write_edges
 from graphstore.layout._features import write_features
 from graphstore.layout._progress import progress_bar
-from graphstore.layout._staging import EdgeStager, StagedEdges
+from graphstore.layout._staging import NODE_CHUNK, EdgeStager, StagedEdges
 from graphstore.layout._writer import StoreWriter, write_node_arrays, write_splits
 from graphstore.layout.base import FORMAT_VERSION, MANIFEST_KEY, Manifest, index_dtype_for
-from graphstore.layout.partition import equal_blocks, partition_nodes
+from graphstore.layout.partition import partition_nodes, store_order
 from graphstore.layout.sources.base import SourceGraph
 
 __all__ = ["ConvertOptions", "convert"]
@@ -200,21 +200,14 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
     with _phase("partition", timings):
         part = partition_nodes(method, edges=staged, num_partitions=p, seed=opts.seed,
                                chunk_edges=opts.chunk_edges)
-        orig_id, partition_size = equal_blocks(part.labels, p)
+        # Store order: by (partition, source id), cut into equal blocks, rows inside a
+        # partition in source order (feature rows can then be appended per partition as
+        # the source streams them). Both id maps are file-backed, in the index dtype.
+        idx = index_dtype_for(graph.num_nodes)
+        orig_id, store_id, partition_size = store_order(part.labels, p, out_dir=str(work / "nodes"),
+                                                         dtype=idx)
         partition_info = part.info
         del part  # its [N] labels: the store order replaces them
-        # Inside a partition, rows follow source order: feature rows can then be appended
-        # per partition as the source streams them, and neighbouring ids stay neighbours.
-        # (equal_blocks already orders by source id within a label; a block that spans two
-        # labels needs this.) In place, one block at a time: no O(N) temporaries.
-        for start in range(0, graph.num_nodes, partition_size):
-            orig_id[start : start + partition_size].sort()
-        # The id maps in the store's index dtype: half the memory, and the gathers that map
-        # every edge (store_id[src]) miss the cache half as often.
-        idx = index_dtype_for(graph.num_nodes)
-        orig_id = orig_id.astype(idx)
-        store_id = np.empty_like(orig_id)
-        store_id[orig_id] = np.arange(graph.num_nodes, dtype=idx)
 
     layout = StoreWriter(root, graph.num_nodes, p, partition_size, idx, opts.compress)
     with _phase("write nodes", timings):
@@ -224,7 +217,7 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
     with _phase("write edges", timings):
         num_edges, cut_edges = write_edges(layout, staged, store_id, work, opts.chunk_edges, opts.keep_duplicates)
     with _phase("write splits", timings):
-        split_counts, split_kinds = write_splits(layout, graph, store_id)
+        split_counts, split_kinds = write_splits(layout, graph, store_id, work)
 
     manifest = Manifest(
         format_version=FORMAT_VERSION,
@@ -298,12 +291,14 @@ def _check_source_shape(graph: SourceGraph) -> None:
                 f"{graph.where('labels')}: labels have shape {labels.shape}, "
                 f"expected ({graph.num_nodes},) (one per node)"
             )
-        bad = np.flatnonzero((labels < -1) | (labels >= max(graph.num_classes, 0)))
-        if len(bad):
-            raise SourceError(
-                f"{graph.where('labels')}: label {labels[bad[0]]} of node {bad[0]} is "
-                f"outside [-1, {graph.num_classes})"
-            )
+        for start in range(0, graph.num_nodes, NODE_CHUNK):
+            chunk = np.asarray(labels[start : start + NODE_CHUNK])
+            bad = np.flatnonzero((chunk < -1) | (chunk >= max(graph.num_classes, 0)))
+            if len(bad):
+                raise SourceError(
+                    f"{graph.where('labels')}: label {chunk[bad[0]]} of node {start + bad[0]} is "
+                    f"outside [-1, {graph.num_classes})"
+                )
 
 
 # ---------------------------------------------------------------------------- edges in

@@ -9,7 +9,7 @@ import numpy as np
 from graphstore.errors import SourceError
 from graphstore.layout._arrays import ChunkedAppender, chunk_rows_for
 from graphstore.layout._progress import progress_bar
-from graphstore.layout._staging import ScratchFile
+from graphstore.layout._staging import NODE_CHUNK, ScratchFile
 from graphstore.layout._writer import StoreWriter
 from graphstore.layout.sources.base import SourceGraph
 
@@ -29,7 +29,8 @@ def write_features(layout: StoreWriter, graph: SourceGraph, store_id: np.ndarray
     if graph.features is None or graph.feature_dim == 0:
         return None
     n, d = graph.num_nodes, graph.feature_dim
-    identity = bool(np.array_equal(store_id, np.arange(n)))
+    identity = all(np.array_equal(store_id[a : a + NODE_CHUNK], np.arange(a, min(a + NODE_CHUNK, n)))
+                   for a in range(0, n, NODE_CHUNK))
     appender: ChunkedAppender | None = None
     staging: _ScatterBuffer | None = None
     dtype = np.dtype(np.float32)

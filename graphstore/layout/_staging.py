@@ -13,7 +13,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["EdgeStager", "ScratchFile", "StagedEdges"]
+__all__ = ["EdgeStager", "ScratchFile", "StagedEdges", "node_scratch"]
+
+NODE_CHUNK = 1 << 22
+"""Nodes per step when a pass walks a per-node array (32 MiB of int64)."""
+
+
+def node_scratch(directory: str, name: str, num_nodes: int, dtype) -> np.ndarray:
+    """A zero-filled [num_nodes] array backed by ``directory/name.npy``.
+
+    Per-node arrays (id maps, counts, degrees) live on disk during conversion: the page
+    cache keeps them as fast as memory while they fit, and reclaims them when they do not,
+    so conversion memory does not grow with the number of nodes.
+    """
+    os.makedirs(directory, exist_ok=True)
+    return np.lib.format.open_memmap(os.path.join(directory, f"{name}.npy"), mode="w+", dtype=dtype,
+                                     shape=(num_nodes,))
 
 FLUSH_BYTES = 64 << 20
 """Scratch writes are synced and dropped from the page cache every this many bytes.
@@ -111,7 +126,8 @@ class StagedEdges:
     num_nodes: int
     """Every endpoint is in ``[0, num_nodes)``."""
     in_count: np.ndarray | None = None
-    """[num_nodes] int64 staged edges ending at each node (duplicates counted), or None."""
+    """[num_nodes] int64 staged edges ending at each node (duplicates counted; a file-backed
+    array), or None."""
 
     def _read(self, path: str, start: int, count: int) -> np.ndarray:
         # Plain reads, not a memory map: pages a map touches stay charged to this process
@@ -153,7 +169,7 @@ class EdgeStager:
         self._files = {k: ScratchFile(os.path.join(directory, f"edges_{k}.i64"), np.int64) for k in names}
         self._num_nodes = num_nodes
         self.num_edges = 0
-        self.in_count = np.zeros(num_nodes, dtype=np.int64)
+        self.in_count = node_scratch(directory, "in_count", num_nodes, np.int64)
 
     def append(self, src: np.ndarray, dst: np.ndarray, rel: np.ndarray | None) -> None:
         """Add [m] int64 edges (already validated) at the end."""
@@ -163,10 +179,8 @@ class EdgeStager:
             assert rel is not None  # the caller checked the source's relation column
             self._files["rel"].write_rows(self.num_edges, rel)
         self.num_edges += len(src)
-        if len(dst) * 8 > self._num_nodes:
-            self.in_count += np.bincount(dst, minlength=self._num_nodes)
-        elif len(dst):
-            np.add.at(self.in_count, dst, 1)
+        if len(dst):
+            np.add.at(self.in_count, dst, 1)  # O(chunk), not O(N) like a bincount
 
     def close(self) -> None:
         """Close the files (idempotent); `finish` calls it, an error path must too."""

@@ -5,13 +5,15 @@ splits. Features and edges, the two streamed parts, have modules of their own
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import numpy as np
 import zarr
 
 from graphstore.errors import SourceError
-from graphstore.layout._arrays import chunk_rows_for, new_array
-from graphstore.layout._fast import unique
+from graphstore.layout._arrays import ChunkedAppender, chunk_rows_for, new_array
+from graphstore.layout._staging import NODE_CHUNK, node_scratch
 from graphstore.layout.sources.base import EdgeSplit, SourceGraph
 
 __all__ = ["StoreWriter", "write_node_arrays", "write_splits"]
@@ -29,10 +31,14 @@ class StoreWriter:
         self.edge_chunk = (4 << 20) // np.dtype(idx).itemsize
         self.feature_rows = 0
 
-    def node_array(self, name: str, values: np.ndarray) -> None:
-        arr = new_array(self.root, name, shape=values.shape, dtype=values.dtype,
+    def node_array(self, name: str, values: np.ndarray, dtype=None) -> None:
+        """Write a per-node array (possibly file-backed) a chunk at a time, cast to ``dtype``."""
+        dtype = np.dtype(dtype or values.dtype)
+        arr = new_array(self.root, name, shape=values.shape, dtype=dtype,
                         chunks=(self.node_rows_1d, *values.shape[1:]), compress=self.compress)
-        arr[...] = values
+        step = self.node_rows_1d
+        for start in range(0, values.shape[0], step):
+            arr[start : start + step] = np.asarray(values[start : start + step]).astype(dtype, copy=False)
 
     def array(self, name: str, shape: tuple[int, ...], dtype, chunks: tuple[int, ...]) -> zarr.Array:
         return new_array(self.root, name, shape=shape, dtype=dtype, chunks=chunks, compress=self.compress)
@@ -42,10 +48,17 @@ class StoreWriter:
 
 
 def write_node_arrays(layout: StoreWriter, graph: SourceGraph, orig_id: np.ndarray, store_id: np.ndarray) -> None:
-    layout.node_array("nodes/orig_id", orig_id.astype(layout.idx, copy=False))
-    layout.node_array("nodes/store_id", store_id.astype(layout.idx, copy=False))
+    layout.node_array("nodes/orig_id", orig_id, layout.idx)
+    layout.node_array("nodes/store_id", store_id, layout.idx)
     if graph.labels is not None:
-        layout.node_array("nodes/labels", np.asarray(graph.labels)[orig_id].astype(np.int32))
+        # Labels in store order, a chunk of store rows at a time (their source rows scatter).
+        labels = graph.labels
+        arr = new_array(layout.root, "nodes/labels", shape=(layout.n,), dtype="int32",
+                        chunks=(layout.node_rows_1d,), compress=layout.compress)
+        step = layout.node_rows_1d
+        for start in range(0, layout.n, step):
+            rows = np.asarray(orig_id[start : start + step])
+            arr[start : start + len(rows)] = np.asarray(labels[rows]).astype(np.int32)
     if graph.node_names is not None:
         names = np.asarray(graph.node_names, dtype=str)[orig_id]
         arr = new_array(layout.root, "nodes/name", shape=names.shape, dtype=str,
@@ -53,18 +66,12 @@ def write_node_arrays(layout: StoreWriter, graph: SourceGraph, orig_id: np.ndarr
         arr[...] = names
 
 
-def write_splits(layout: StoreWriter, graph: SourceGraph, store_id: np.ndarray) -> tuple[dict[str, int], dict[str, str]]:
-    n = graph.num_nodes
+def write_splits(layout: StoreWriter, graph: SourceGraph, store_id: np.ndarray,
+                 work: Path) -> tuple[dict[str, int], dict[str, str]]:
     counts: dict[str, int] = {}
     kinds: dict[str, str] = {}
     for name, ids in graph.node_splits.items():
-        where = graph.where(f"split:{name}")
-        ids = _checked_ids(np.asarray(ids), n, where, "node id")
-        uniq = unique(store_id[ids])
-        if len(uniq) != len(ids):
-            log.warning("%s: %d repeated node ids merged", where, len(ids) - len(uniq))
-        layout.node_array(f"splits/nodes/{name}", uniq.astype(layout.idx))
-        counts[name], kinds[name] = len(uniq), "nodes"
+        counts[name], kinds[name] = _write_node_split(layout, graph, name, ids, store_id, work), "nodes"
     for name, split in graph.edge_splits.items():
         if name in counts:
             raise SourceError(f"{graph.path}: split {name!r} is both a node split and an edge split")
@@ -73,11 +80,37 @@ def write_splits(layout: StoreWriter, graph: SourceGraph, store_id: np.ndarray) 
     return counts, kinds
 
 
-def _checked_ids(ids: np.ndarray, n: int, where: str, what: str) -> np.ndarray:
+def _write_node_split(layout: StoreWriter, graph: SourceGraph, name: str, ids: np.ndarray,
+                      store_id: np.ndarray, work: Path) -> int:
+    """Write split ``name`` as ascending distinct store ids; returns how many.
+
+    A split can hold most of the nodes, so instead of sorting its store ids in memory it
+    marks them in a per-node byte mask on disk and reads the mask back in store order.
+    """
+    n = graph.num_nodes
+    where = graph.where(f"split:{name}")
+    mask = node_scratch(str(work), f"split_mask_{name}", n, np.bool_)
+    for start in range(0, len(ids), NODE_CHUNK):
+        chunk = _checked_ids(np.asarray(ids[start : start + NODE_CHUNK]), n, where, "node id", offset=start)
+        mask[np.asarray(store_id[chunk])] = True
+    out = ChunkedAppender(layout.array(f"splits/nodes/{name}", (max(len(ids), 1),), layout.idx,
+                                       (layout.node_rows_1d,)))
+    for start in range(0, n, NODE_CHUNK):
+        out.append((np.flatnonzero(mask[start : start + NODE_CHUNK]) + start).astype(layout.idx))
+    written = out.finish()
+    if written != len(ids):
+        log.warning("%s: %d repeated node ids merged", where, len(ids) - written)
+    del mask
+    os.unlink(work / f"split_mask_{name}.npy")
+    return written
+
+
+def _checked_ids(ids: np.ndarray, n: int, where: str, what: str, offset: int = 0) -> np.ndarray:
     ids = ids.astype(np.int64, copy=False)
     bad = np.flatnonzero((ids < 0) | (ids >= n))
     if len(bad):
-        raise SourceError(f"{where}: {what} {ids[bad[0]]} at position {bad[0]} is outside [0, {n}) (unknown node)")
+        raise SourceError(f"{where}: {what} {ids[bad[0]]} at position {offset + bad[0]} is outside [0, {n}) "
+                          "(unknown node)")
     return ids
 
 

@@ -1,11 +1,12 @@
 """Node partitioners: which partition each source node belongs to, and the store order.
 
 A partitioner reads the staged edges (`graphstore.layout._staging.StagedEdges`) and
-returns one label per source node. The converter then calls `equal_blocks`, which sorts
-nodes by ``(label, source id)`` and cuts the sorted sequence into ``num_partitions``
-blocks of ``partition_size = ceil(N / p)`` rows: that is the store order, and store
-partition ``k`` is rows ``[k * partition_size, (k + 1) * partition_size)``. A partitioner
-whose labels are unbalanced would see some of its nodes moved to a neighbouring block
+returns one label per source node. The converter then calls `store_order` (in memory:
+`equal_blocks`), which sorts nodes by ``(label, source id)`` and cuts the sorted
+sequence into ``num_partitions`` blocks of ``partition_size = ceil(N / p)`` rows: that
+is the store order (rows inside a block in source id order), and store partition
+``k`` is rows ``[k * partition_size, (k + 1) * partition_size)``. A partitioner whose
+labels are unbalanced would see some of its nodes moved to a neighbouring block
 (every excess node shifts all later boundaries), so the four built-in partitioners
 return labels whose sizes are exactly the equal block sizes: for them the store blocks
 are the labels, and the cut they optimise is the store's.
@@ -14,10 +15,22 @@ Registered partitioners (`available_partitioners`), with the memory they need:
 
 - ``metis``: METIS k-way minimum edge cut (pymetis) on the symmetrised graph without
   self loops and duplicates (HierBatching's choice). O(E): the whole graph in memory.
-- ``random``: seeded balanced random assignment (MariusGNN's default). O(N).
-- ``sequential``: source id order cut into contiguous blocks. O(N).
+- ``random``: seeded balanced random assignment (MariusGNN's default): a seeded
+  pseudo-random bijection of ``[0, N)`` (Feistel network with cycle walking) cut into
+  equal blocks. O(chunk): labels are computed chunk by chunk into a disk-backed
+  ``partition_labels.npy`` next to the staged edges.
+- ``sequential``: source id order cut into contiguous blocks. O(chunk), disk-backed
+  like ``random``.
 - ``stream``: chunked, vectorised Linear Deterministic Greedy placement followed by
-  balanced label-propagation passes, for graphs METIS cannot hold. O(N + chunk).
+  balanced label-propagation passes, for graphs METIS cannot hold. O(N + chunk): its
+  labels and refinement counters live in memory.
+
+`partition_nodes` validates labels chunk by chunk, so it adds O(chunk) to a
+partitioner's own memory. `store_order` then turns labels into the store order (both
+id maps, file-backed) in O(chunk) memory whenever the label sizes are the equal block
+sizes, which every built-in partitioner guarantees; otherwise it falls back to the
+in-memory, O(N) `equal_blocks` path. ``metis`` and ``stream`` remain O(E) and O(N)
+respectively: only ``random`` and ``sequential`` make conversion memory independent of N.
 
 Examples
 --------
@@ -28,16 +41,20 @@ Examples
 ...     stager.append(np.array([0, 1, 3, 4]), np.array([1, 2, 4, 5]), None)
 ...     result = partition_nodes("sequential", edges=stager.finish(), num_partitions=2,
 ...                              seed=0)
->>> result.labels
-array([0, 0, 0, 1, 1, 1])
->>> orig_id, partition_size = equal_blocks(result.labels, 2)
->>> orig_id, partition_size
+...     print(result.labels.tolist())
+...     orig_id, store_id, partition_size = store_order(result.labels, 2, out_dir=tmp)
+...     print(orig_id.tolist(), store_id.tolist(), partition_size)
+[0, 0, 0, 1, 1, 1]
+[0, 1, 2, 3, 4, 5] [0, 1, 2, 3, 4, 5] 3
+>>> equal_blocks(np.array([0, 0, 0, 1, 1, 1]), 2)
 (array([0, 1, 2, 3, 4, 5]), 3)
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -58,9 +75,16 @@ __all__ = [
     "equal_blocks",
     "partition_nodes",
     "register_partitioner",
+    "store_order",
 ]
 
 logger = logging.getLogger(__name__)
+
+NODE_CHUNK = 1 << 20
+"""Nodes per step when a partitioner or check walks the [N] labels chunk by chunk."""
+
+LABELS_FILE = "partition_labels.npy"
+"""Disk-backed labels of ``random`` / ``sequential``, next to the staged edges."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +92,11 @@ class PartitionResult:
     """What a partitioner decided, and what is worth recording about it."""
 
     labels: np.ndarray
-    """[N] int64: partition of each source node, in ``[0, num_partitions)``."""
+    """[N] int64: partition of each source node, in ``[0, num_partitions)``.
+
+    ``random`` and ``sequential`` return a read-write `numpy.memmap` of
+    ``partition_labels.npy`` next to the staged edges (a later run replaces the file
+    but not an earlier result's contents); the others an in-memory array."""
     method: str
     """Registered name of the partitioner that produced ``labels``."""
     info: dict[str, Any] = field(default_factory=dict)
@@ -92,7 +120,8 @@ class Partitioner(Protocol):
     Returns
     -------
     labels : ndarray of int64, shape (N,)
-        Partition of each node in ``[0, p)``.
+        Partition of each node in ``[0, p)``; may be a disk-backed `numpy.memmap`
+        (`partition_nodes` checks it chunk by chunk).
     info : dict
         JSON-safe facts about the run (``partition_nodes`` adds ``seconds``).
     """
@@ -238,7 +267,8 @@ def partition_nodes(
     Returns
     -------
     PartitionResult
-        ``labels`` [N] int64 in ``[0, p)``; ``info`` always has ``seconds``.
+        ``labels`` [N] int64 in ``[0, p)`` (a memmap for ``random`` / ``sequential``);
+        ``info`` always has ``seconds``. Feed it to `store_order` for the store order.
 
     Raises
     ------
@@ -262,7 +292,8 @@ def partition_nodes(
     labels, info = _REGISTRY[method](edges, int(num_partitions), int(seed), int(chunk_edges))
     seconds = time.perf_counter() - began
 
-    labels = np.asarray(labels)
+    if not isinstance(labels, np.ndarray):
+        labels = np.asarray(labels)
     # A third-party partitioner with a bug must not reach the store: the converter
     # trusts these labels to index [p]-sized arrays.
     if labels.shape != (num_nodes,) or not np.issubdtype(labels.dtype, np.integer):
@@ -271,11 +302,12 @@ def partition_nodes(
             f"{labels.dtype}; expected ({num_nodes},) int64"
         )
     labels = labels.astype(np.int64, copy=False)
-    if num_nodes and (labels.min() < 0 or labels.max() >= num_partitions):
+    # Chunked: disk-backed labels are checked without an [N] temporary.
+    sizes = _label_counts(labels, num_partitions)
+    if sizes is None:
         raise RuntimeError(
             f"partitioner {method!r} returned labels outside [0, {num_partitions})"
         )
-    sizes = np.bincount(labels, minlength=num_partitions)
     info = {
         **info,
         "seconds": round(seconds, 6),
@@ -287,31 +319,290 @@ def partition_nodes(
     return PartitionResult(labels=labels, method=method, info=info)
 
 
+def store_order(
+    labels: np.ndarray,
+    num_partitions: int,
+    *,
+    out_dir: str,
+    chunk: int = 1 << 22,
+    dtype: np.dtype | type = np.int64,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The store order for ``labels`` as two file-backed id maps, in O(chunk) memory.
+
+    The order is `equal_blocks`' (sort by ``(label, source id)``, cut into equal blocks
+    of ``partition_size = ceil(N / p)`` rows) with rows inside each block sorted by
+    source id, which is what the converter writes.
+
+    When the label sizes are exactly the equal block sizes (every built-in partitioner
+    guarantees it), the blocks are the labels and this is a chunked counting sort: one
+    pass counts the labels, a second walks the source ids in chunks of ``chunk`` with a
+    running cursor per label, writes ``store_id`` sequentially and ``orig_id`` as one
+    contiguous run per label and chunk. Memory is O(chunk + p); the [N] maps live in
+    ``out_dir/orig_id.npy`` and ``out_dir/store_id.npy`` (pages are released as the
+    pass goes). Otherwise (unbalanced labels from a third-party partitioner) it falls
+    back to the in-memory `equal_blocks` + in-block sort + inverse, which is O(N), and
+    copies the result to the same files.
+
+    Parameters
+    ----------
+    labels : ndarray of int, shape (N,)
+        Partition of each source node in ``[0, p)``; may be a memmap (read by chunks).
+    num_partitions : int
+        ``p``, with ``1 <= p <= N``.
+    out_dir : str
+        Directory for the two ``.npy`` files (created if missing; existing files of
+        those names are replaced).
+    chunk : int, default 2**22
+        Nodes per step.
+    dtype : numpy integer dtype, default int64
+        Dtype of both maps (must hold ``N - 1``).
+
+    Returns
+    -------
+    orig_id : memmap of ``dtype``, shape (N,)
+        Source id of each store row.
+    store_id : memmap of ``dtype``, shape (N,)
+        Store row of each source id: ``orig_id[store_id[i]] == i``.
+    partition_size : int
+        ``ceil(N / p)``.
+
+    Raises
+    ------
+    ConfigError
+        As `equal_blocks` for bad ``labels`` / ``p``; ``chunk < 1``; a ``dtype`` that
+        cannot hold ``N - 1``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     orig_id, store_id, size = store_order(np.array([1, 0, 1, 0, 0]), 2, out_dir=tmp)
+    ...     print(orig_id.tolist(), store_id.tolist(), size)
+    [1, 3, 4, 0, 2] [3, 0, 4, 1, 2] 3
+    """
+    if not isinstance(labels, np.ndarray):
+        labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise ConfigError(f"labels must be 1-D (got shape {labels.shape})")
+    num_nodes = labels.shape[0]
+    _check_num_partitions(num_partitions, num_nodes)
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ConfigError(f"labels must be integers (got dtype {labels.dtype})")
+    if isinstance(chunk, bool) or not isinstance(chunk, int | np.integer) or chunk < 1:
+        raise ConfigError(f"chunk must be a positive int (got {chunk!r})")
+    dtype = np.dtype(dtype)
+    if not np.issubdtype(dtype, np.integer) or np.iinfo(dtype).max < num_nodes - 1:
+        raise ConfigError(f"dtype {dtype} cannot hold node ids up to {num_nodes - 1}")
+    num_partitions = int(num_partitions)
+    partition_size = _partition_size(num_nodes, num_partitions)
+
+    counts = np.zeros(num_partitions, dtype=np.int64)
+    lo, hi = num_partitions, -1
+    for start in range(0, num_nodes, chunk):
+        part = np.asarray(labels[start : start + chunk])
+        lo, hi = min(lo, int(part.min())), max(hi, int(part.max()))
+        if lo >= 0 and hi < num_partitions:
+            counts += np.bincount(part, minlength=num_partitions)
+        _release(labels)
+    if lo < 0 or hi >= num_partitions:
+        raise ConfigError(
+            f"labels must be in [0, {num_partitions}) (got values in [{lo}, {hi}])"
+        )
+
+    os.makedirs(out_dir, exist_ok=True)
+    orig_id = _disk_array(os.path.join(out_dir, "orig_id.npy"), num_nodes, dtype)
+    store_id = _disk_array(os.path.join(out_dir, "store_id.npy"), num_nodes, dtype)
+
+    if not np.array_equal(counts, _block_sizes(num_nodes, num_partitions)):
+        # Unbalanced labels: blocks straddle labels. O(N), in memory.
+        logger.info("store order: labels are not the equal blocks; sorting in memory")
+        order, _ = equal_blocks(np.asarray(labels), num_partitions)
+        for start in range(0, num_nodes, partition_size):
+            order[start : start + partition_size].sort()
+        orig_id[:] = order
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(num_nodes, dtype=np.int64)
+        store_id[:] = inverse
+        del order, inverse
+        _release(orig_id)
+        _release(store_id)
+        return orig_id, store_id, partition_size
+
+    # Counting sort: label k's nodes, in ascending source id, fill block k in order.
+    # Labels are narrowed to 16 bits when p allows: numpy's stable sort of those is a
+    # radix sort, linear in the chunk.
+    narrow = np.uint16 if num_partitions <= 1 << 16 else np.int64
+    cursor = np.arange(num_partitions, dtype=np.int64) * partition_size
+    for start in range(0, num_nodes, chunk):
+        part = np.asarray(labels[start : start + chunk]).astype(narrow)
+        size = part.shape[0]
+        local = np.bincount(part, minlength=num_partitions)
+        first = np.cumsum(local) - local  # start of each label's run in the sorted chunk
+        order = np.argsort(part, kind="stable")  # source ids ascending inside each label
+        # Sorted position j of label k goes to row cursor[k] + (j - first[k]).
+        rows = (cursor - first)[part[order]]
+        del part
+        rows += np.arange(size, dtype=np.int64)
+        rows_by_id = np.empty(size, dtype=dtype)
+        rows_by_id[order] = rows
+        del rows
+        store_id[start : start + size] = rows_by_id
+        del rows_by_id
+        order += start  # now the source ids in store order
+        for k in np.flatnonzero(local):
+            run = slice(int(first[k]), int(first[k] + local[k]))
+            orig_id[cursor[k] : cursor[k] + local[k]] = order[run]
+        del order
+        cursor += local
+        _release(store_id)
+        _release(orig_id)
+        _release(labels)
+    return orig_id, store_id, partition_size
+
+
 # --------------------------------------------------------------------------- simple ones
+
+
+def _disk_array(path: str, num: int, dtype: np.dtype | type) -> np.memmap:
+    """A new ``.npy`` file of ``num`` elements, mapped for writing.
+
+    An existing file is unlinked first rather than truncated: a memmap still open on it
+    (an earlier `PartitionResult`) keeps its own contents.
+    """
+    if os.path.exists(path):
+        os.unlink(path)
+    return np.lib.format.open_memmap(path, mode="w+", dtype=np.dtype(dtype), shape=(num,))
+
+
+def _release(array: np.ndarray) -> None:
+    """Drop the pages of a file-backed ``array`` from this process (no-op otherwise).
+
+    Pages a map touches stay charged to the process (RSS, and its cgroup) until unmapped,
+    which would make a chunked pass O(N) again. Written pages are synced to the file
+    first; the data stays readable (a later access faults it back in).
+    """
+    mm = getattr(array, "_mmap", None)
+    if not isinstance(mm, mmap.mmap) or getattr(array, "mode", None) not in ("r", "r+", "w+"):
+        return  # in memory, or a private copy-on-write map whose pages are the data
+    if array.mode != "r":
+        mm.flush()
+    if hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        mm.madvise(mmap.MADV_DONTNEED)
+    filename = getattr(array, "filename", None)
+    if filename and hasattr(os, "posix_fadvise"):
+        fd = os.open(filename, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _label_counts(labels: np.ndarray, num_partitions: int) -> np.ndarray | None:
+    """[p] int64 nodes per label, chunk by chunk; None if a label is outside ``[0, p)``."""
+    counts = np.zeros(num_partitions, dtype=np.int64)
+    for start in range(0, labels.shape[0], NODE_CHUNK):
+        chunk = np.asarray(labels[start : start + NODE_CHUNK])
+        if chunk.min() < 0 or chunk.max() >= num_partitions:
+            return None
+        counts += np.bincount(chunk, minlength=num_partitions)
+        _release(labels)
+    return counts
+
+
+def _labels_file(edges: StagedEdges) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(edges.src_path)), LABELS_FILE)
 
 
 @register_partitioner("sequential")
 def _sequential(
     edges: StagedEdges, num_partitions: int, seed: int, chunk_edges: int
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """Source id order cut into contiguous equal blocks (keeps the source's locality)."""
+    """Source id order cut into contiguous equal blocks (keeps the source's locality).
+
+    Written chunk by chunk to a disk-backed [N] int64 array: O(chunk) memory.
+    """
     del seed, chunk_edges  # deterministic and edge-free by definition
-    size = _partition_size(edges.num_nodes, num_partitions)
-    return np.arange(edges.num_nodes, dtype=np.int64) // size, {}
+    num_nodes = edges.num_nodes
+    size = _partition_size(num_nodes, num_partitions)
+    labels = _disk_array(_labels_file(edges), num_nodes, np.int64)
+    for start in range(0, num_nodes, NODE_CHUNK):
+        stop = min(start + NODE_CHUNK, num_nodes)
+        labels[start:stop] = np.arange(start, stop, dtype=np.int64) // size
+        _release(labels)
+    return labels, {}
+
+
+_FEISTEL_ROUNDS = 4
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on [k] uint64 (wrapping arithmetic): a good 64-bit hash."""
+    x = x ^ (x >> np.uint64(30))
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+class _FeistelPermutation:
+    """A seeded pseudo-random bijection of ``[0, n)``, evaluated on any chunk of ids.
+
+    A balanced ``_FEISTEL_ROUNDS``-round Feistel network on ``2h``-bit integers (the
+    smallest even bit width covering ``n``, so the domain is less than ``4 n``) is a
+    bijection of ``[0, 4**h)``; cycle walking (apply it again while the value is
+    ``>= n``) restricts it to a bijection of ``[0, n)``. The round keys come from
+    ``seed``. O(chunk) memory, no [n] table.
+    """
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        bits = max(1, (max(n - 1, 1)).bit_length())
+        self.half = (bits + 1) // 2
+        self.mask = np.uint64((1 << self.half) - 1)
+        self.keys = np.random.default_rng(seed).integers(
+            0, 2**64 - 1, size=_FEISTEL_ROUNDS, dtype=np.uint64, endpoint=True
+        )
+
+    def _rounds(self, x: np.ndarray) -> np.ndarray:
+        half = np.uint64(self.half)
+        left, right = x >> half, x & self.mask
+        for key in self.keys:
+            left, right = right, left ^ (_mix64(right ^ key) & self.mask)
+        return (left << half) | right
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        """[k] int64 images of [k] int64 ``ids`` in ``[0, n)``."""
+        out = self._rounds(ids.astype(np.uint64))
+        walking = np.flatnonzero(out >= np.uint64(self.n))
+        while walking.shape[0]:
+            again = self._rounds(out[walking])
+            out[walking] = again
+            walking = walking[again >= np.uint64(self.n)]
+        return out.astype(np.int64)
 
 
 @register_partitioner("random")
 def _random(
     edges: StagedEdges, num_partitions: int, seed: int, chunk_edges: int
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """A seeded permutation cut into equal groups (MariusGNN's default)."""
+    """A seeded pseudo-random permutation cut into equal groups (MariusGNN's default).
+
+    ``label(i) = perm(i) // partition_size`` with ``perm`` a seeded bijection of
+    ``[0, N)`` (`_FeistelPermutation`): the group sizes equal the store's block sizes,
+    so `equal_blocks` / `store_order` keep them intact. Computed chunk by chunk into a
+    disk-backed [N] int64 array: O(chunk) memory.
+    """
     del chunk_edges
     num_nodes = edges.num_nodes
     size = _partition_size(num_nodes, num_partitions)
-    perm = np.random.default_rng(seed).permutation(num_nodes)
-    labels = np.empty(num_nodes, dtype=np.int64)
-    # The group sizes equal the store's block sizes, so equal_blocks keeps them intact.
-    labels[perm] = np.arange(num_nodes, dtype=np.int64) // size
+    perm = _FeistelPermutation(num_nodes, seed)
+    labels = _disk_array(_labels_file(edges), num_nodes, np.int64)
+    for start in range(0, num_nodes, NODE_CHUNK):
+        stop = min(start + NODE_CHUNK, num_nodes)
+        labels[start:stop] = perm(np.arange(start, stop, dtype=np.int64)) // size
+        _release(labels)
     return labels, {}
 
 

@@ -24,6 +24,7 @@ from graphstore.layout.partition import (
     equal_blocks,
     partition_nodes,
     register_partitioner,
+    store_order,
 )
 
 METHODS = ("metis", "random", "sequential", "stream")
@@ -163,6 +164,110 @@ def test_equal_blocks_rejects_bad_input(labels, num_partitions, message):
         equal_blocks(labels, num_partitions)
 
 
+# ----------------------------------------------------------------------- store_order
+
+
+def reference_store_order(labels: np.ndarray, num_partitions: int):
+    """In memory: equal_blocks, then rows sorted inside each block, then the inverse."""
+    orig_id, partition_size = equal_blocks(labels, num_partitions)
+    for start in range(0, orig_id.shape[0], partition_size):
+        orig_id[start : start + partition_size].sort()
+    store_id = np.empty_like(orig_id)
+    store_id[orig_id] = np.arange(orig_id.shape[0])
+    return orig_id, store_id, partition_size
+
+
+def check_store_order_matches(labels, num_partitions, out_dir, chunk, dtype=np.int64):
+    want_orig, want_store, want_size = reference_store_order(labels, num_partitions)
+    orig_id, store_id, size = store_order(labels, num_partitions, out_dir=str(out_dir),
+                                          chunk=chunk, dtype=dtype)
+    assert size == want_size
+    assert orig_id.dtype == dtype and store_id.dtype == dtype
+    assert isinstance(orig_id, np.memmap) and isinstance(store_id, np.memmap)
+    np.testing.assert_array_equal(orig_id, want_orig)
+    np.testing.assert_array_equal(store_id, want_store)
+    # The files are plain .npy arrays a later phase can reopen.
+    np.testing.assert_array_equal(np.load(Path(out_dir) / "orig_id.npy"), want_orig)
+    np.testing.assert_array_equal(np.load(Path(out_dir) / "store_id.npy"), want_store)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    num_nodes=st.integers(1, 60),
+    data=st.data(),
+    graph_seed=st.integers(0, 2**16),
+    seed=st.integers(0, 2**40),
+    chunk=st.sampled_from([1, 3, 16, 1 << 22]),
+    dtype=st.sampled_from([np.int32, np.int64]),
+)
+@pytest.mark.parametrize("method", METHODS)
+def test_store_order_equals_the_in_memory_order(
+    method, num_nodes, data, graph_seed, seed, chunk, dtype
+):
+    num_partitions = data.draw(st.integers(1, num_nodes), label="num_partitions")
+    src, dst = random_edges(num_nodes, 3 * num_nodes, graph_seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        edges = stage(tmp, num_nodes, src, dst)
+        labels = partition_nodes(method, edges=edges, num_partitions=num_partitions,
+                                 seed=seed).labels
+        check_store_order_matches(labels, num_partitions, Path(tmp) / "nodes", chunk, dtype)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    num_nodes=st.integers(1, 60),
+    data=st.data(),
+    chunk=st.sampled_from([1, 4, 1 << 22]),
+)
+def test_store_order_falls_back_for_unbalanced_labels(num_nodes, data, chunk):
+    num_partitions = data.draw(st.integers(1, num_nodes), label="num_partitions")
+    labels = np.array(
+        data.draw(st.lists(st.integers(0, num_partitions - 1), min_size=num_nodes,
+                           max_size=num_nodes), label="labels"),
+        dtype=np.int64,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        check_store_order_matches(labels, num_partitions, tmp, chunk)
+
+
+def test_store_order_of_unbalanced_labels_spills_into_the_next_block(tmp_path):
+    labels = np.array([0, 0, 1, 0, 0, 1])
+    orig_id, store_id, size = store_order(labels, 2, out_dir=str(tmp_path))
+    assert size == 3
+    np.testing.assert_array_equal(orig_id, [0, 1, 3, 2, 4, 5])
+    np.testing.assert_array_equal(store_id // size, [0, 0, 1, 0, 1, 1])
+
+
+@pytest.mark.parametrize("method", ["random", "sequential"])
+def test_balanced_labels_never_take_the_in_memory_path(tmp_path, monkeypatch, method):
+    def boom(*args, **kwargs):
+        raise AssertionError("store_order sorted the labels in memory")
+
+    monkeypatch.setattr(part_mod, "equal_blocks", boom)
+    edges = stage(tmp_path, 1000, [0], [1])
+    labels = partition_nodes(method, edges=edges, num_partitions=7, seed=5).labels
+    orig_id, store_id, size = store_order(labels, 7, out_dir=str(tmp_path), chunk=64)
+    np.testing.assert_array_equal(orig_id[store_id], np.arange(1000))
+    np.testing.assert_array_equal(np.asarray(store_id) // size, labels)
+
+
+@pytest.mark.parametrize(
+    ("labels", "num_partitions", "kwargs", "message"),
+    [
+        (np.zeros(3, dtype=np.int64), 4, {}, r"num_partitions must be in \[1, 3\]"),
+        (np.array([0, 2, 1]), 2, {}, r"labels must be in \[0, 2\)"),
+        (np.array([0, -1, 1]), 2, {"chunk": 1}, r"labels must be in \[0, 2\)"),
+        (np.zeros((2, 2), dtype=np.int64), 1, {}, "1-D"),
+        (np.array([0.0, 1.0]), 2, {}, "integers"),
+        (np.array([0, 1]), 2, {"chunk": 0}, "chunk"),
+        (np.zeros(300, dtype=np.int64), 1, {"dtype": np.int8}, "cannot hold"),
+    ],
+)
+def test_store_order_rejects_bad_input(tmp_path, labels, num_partitions, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        store_order(labels, num_partitions, out_dir=str(tmp_path), **kwargs)
+
+
 # ------------------------------------------------------- one invariant suite for all
 
 
@@ -203,6 +308,39 @@ def test_random_differs_across_seeds_and_is_balanced(tmp_path):
     b = partition_nodes("random", edges=edges, num_partitions=4, seed=1).labels
     assert not np.array_equal(a, b)
     np.testing.assert_array_equal(np.bincount(a), [25, 25, 25, 25])
+
+
+@pytest.mark.parametrize("num_nodes", [1, 2, 3, 5, 64, 65, 1000, 4097])
+@pytest.mark.parametrize("seed", [0, 1, 2**40])
+def test_feistel_permutation_is_a_bijection(num_nodes, seed):
+    perm = part_mod._FeistelPermutation(num_nodes, seed)
+    image = np.concatenate([perm(np.arange(a, min(a + 100, num_nodes)))
+                            for a in range(0, num_nodes, 100)])
+    assert image.dtype == np.int64
+    np.testing.assert_array_equal(np.sort(image), np.arange(num_nodes))
+    np.testing.assert_array_equal(image, perm(np.arange(num_nodes)))
+
+
+def test_random_is_disk_backed_chunked_and_looks_random(tmp_path, monkeypatch):
+    monkeypatch.setattr(part_mod, "NODE_CHUNK", 97)
+    edges = stage(tmp_path, 10_000, [0], [1])
+    labels = partition_nodes("random", edges=edges, num_partitions=10, seed=3).labels
+    assert isinstance(labels, np.memmap)
+    assert Path(labels.filename) == tmp_path / part_mod.LABELS_FILE
+    np.testing.assert_array_equal(np.bincount(labels), [1000] * 10)
+    # Not an id-order cut: every block of 1000 consecutive ids meets every label.
+    for start in range(0, 10_000, 1000):
+        assert len(set(labels[start : start + 1000].tolist())) == 10
+    # Labels of neighbouring ids are close to independent.
+    assert np.mean(labels[1:] == labels[:-1]) < 0.15
+
+
+def test_a_later_run_does_not_overwrite_earlier_labels(tmp_path):
+    edges = stage(tmp_path, 100, [0], [1])
+    first = partition_nodes("random", edges=edges, num_partitions=4, seed=0).labels
+    kept = np.array(first)
+    partition_nodes("sequential", edges=edges, num_partitions=4, seed=0)
+    np.testing.assert_array_equal(first, kept)
 
 
 def test_sequential_cuts_id_order_into_blocks(tmp_path):

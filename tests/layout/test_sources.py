@@ -263,6 +263,69 @@ def test_ogb_npz_float16_features_stay_float16(tmp_path):
     assert g.labels is None and g.tasks == ()
 
 
+def make_ogb_npz_node(root: Path, label: np.ndarray, splits: dict[str, str]) -> Path:
+    n = len(label)
+    raw = root / "raw"
+    raw.mkdir(parents=True)
+    np.savez(raw / "data.npz", edge_index=np.array([[0, 1], [1, 2]]), num_nodes_list=np.array([n]))
+    np.savez(raw / "node-label.npz", node_label=label)
+    for s, ids in splits.items():
+        write_csv_gz(root / "split" / "random" / f"{s}.csv.gz", ids)
+    return root
+
+
+@pytest.mark.parametrize("layout", ["csv", "npz"])
+def test_ogb_labels_and_node_splits_are_memory_maps_under_work_dir(tmp_path, small_chunks, layout):
+    """Labels and node splits stream into .npy files (one chunk in memory at a time) and
+    come back as read-only int64 memory maps in this read's own folder of the work dir."""
+    if layout == "csv":
+        root = make_ogb_node(tmp_path / "ogbn_arxiv")
+        labels, classes = [0, -1, 2, -1, 1, 0], 3
+        splits = {"train": [0, 2], "valid": [4], "test": [5]}
+    else:
+        label = np.array([[3], [np.nan], [0], [1], [np.nan], [2], [3], [0]])
+        splits = {"train": [0, 2, 3, 5, 6, 7, 1], "valid": [4], "test": []}
+        root = make_ogb_npz_node(tmp_path / "ogbn_papers100M", label,
+                                 {s: "".join(f"{i}\n" for i in ids) for s, ids in splits.items()})
+        labels, classes = [3, -1, 0, 1, -1, 2, 3, 0], 4
+    work = (tmp_path / "work").resolve()
+    g = read(root, tmp_path)
+    again = read(root, tmp_path)  # a second read must not overwrite the first one's files
+    arrays = {"labels": g.labels, **{f"split:{k}": v for k, v in g.node_splits.items()}}
+    assert set(arrays) == {"labels", "split:train", "split:valid", "split:test"}
+    folders = set()
+    for role, array in arrays.items():
+        assert isinstance(array, np.memmap), role
+        assert array.dtype == np.int64 and array.ndim == 1 and not array.flags.writeable, role
+        file = Path(array.filename).resolve()
+        assert file.is_relative_to(work) and file.suffix == ".npy", role
+        folders.add(file.parent)
+    assert len(folders) == 1
+    assert Path(again.labels.filename).resolve().parent not in folders
+    assert g.labels.tolist() == labels and g.num_classes == classes
+    assert {k: v.tolist() for k, v in g.node_splits.items()} == splits
+    assert again.labels.tolist() == labels
+    assert not list(work.rglob("*.part"))  # the raw side files are gone
+
+
+def test_ogb_streamed_label_errors_name_the_right_line(tmp_path, small_chunks):
+    """With 3-row chunks: errors past the first chunk still name their line/row, a parse
+    error anywhere still wins over a bad class id, and the count is the file's."""
+    root = make_ogb_node(tmp_path / "ogbn_a", labels_text="0\n1\n2\n0\n1.5\n0\n")
+    with pytest.raises(SourceError, match="node-label.csv.gz line 5: 1.5 is not a class id"):
+        read(root, tmp_path)
+    root = make_ogb_node(tmp_path / "ogbn_b", labels_text="0\n1.5\n2\n0\n1\n0\n0,1\n")
+    with pytest.raises(SourceError, match="node-label.csv.gz line 7: expected 1 columns, got 2"):
+        read(root, tmp_path)
+    root = make_ogb_node(tmp_path / "ogbn_c", labels_text="0\n1\n2\n" * 3)
+    with pytest.raises(SourceError, match="node-label.csv.gz: 9 labels but .* says 6 nodes"):
+        read(root, tmp_path)
+    label = np.array([[0.0], [1], [2], [0], [-2], [1]])
+    root = make_ogb_npz_node(tmp_path / "ogbn_d", label, {})
+    with pytest.raises(SourceError, match=r"node-label.npz\[node_label\] row 4: -2.0 is not a class id"):
+        read(root, tmp_path)
+
+
 def test_ogb_blank_first_label_line_is_unlabeled(tmp_path):
     g = read(make_ogb_node(tmp_path / "ogbn_x", labels_text="\n1\n2\n\n0\nnan\n"), tmp_path)
     assert g.labels.tolist() == [-1, 1, 2, -1, 0, -1]

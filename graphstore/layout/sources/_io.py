@@ -12,6 +12,7 @@ import gzip
 import os
 import re
 import tarfile
+import tempfile
 import warnings
 import zipfile
 import zlib
@@ -28,6 +29,7 @@ from graphstore.errors import SourceError, SourceNotFoundError
 __all__ = [
     "EDGE_CHUNK_ROWS",
     "FEATURE_CHUNK_BYTES",
+    "Int64Spill",
     "NpyMember",
     "ReadContext",
     "count_columns",
@@ -47,6 +49,7 @@ __all__ = [
     "npz_members",
     "read_csv_all",
     "single_root",
+    "spill_dir",
 ]
 
 EDGE_CHUNK_ROWS = 1 << 21
@@ -363,6 +366,123 @@ def read_csv_all(path: str | os.PathLike, *, ncols: int, dtype, display: str, **
     if not chunks:
         return np.zeros((0, ncols), dtype=dtype)
     return np.concatenate(chunks)
+
+
+# --------------------------------------------------------------------------- spill files
+
+
+def spill_dir(ctx: ReadContext, prefix: str) -> Path:
+    """A fresh folder under ``ctx.work_dir`` for one read's spilled arrays.
+
+    Fresh per call: reading the same source twice into one work directory must not
+    overwrite files that an earlier `SourceGraph` still maps.
+    """
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=ctx.work_dir))
+
+
+class Int64Spill:
+    """Collect int64 values chunk by chunk in a ``.npy`` file instead of memory.
+
+    ``finish()`` returns the values as a read-only `np.memmap` (``np.load(path,
+    mmap_mode="r")``), so building an [N] array never holds more than one chunk.
+    The file is created (header and size) with ``np.lib.format.open_memmap`` but filled
+    with plain sequential writes: dirty pages of a writable map would count in the
+    process's resident memory until unmapped, [N] of them by the end.
+    Use as a context manager: on an exception the handles are closed and the partial
+    files removed.
+
+    Parameters
+    ----------
+    path : path-like
+        The ``.npy`` file to write (its folder must exist).
+    length : int, optional
+        Number of values when known up front (labels: one per node). Values past
+        ``length`` are counted but not stored, so the caller can still report the true
+        count; ``finish`` then returns only the first ``length``. When None, values go
+        to a raw side file first and are copied into the ``.npy`` at the end (split
+        files, whose line count is only known once read).
+
+    Attributes
+    ----------
+    count : int
+        Values appended so far.
+    max : int
+        Largest value appended so far (-1 before any; what ``num_classes`` needs).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, length: int | None = None) -> None:
+        self.path = Path(path)
+        self.count = 0
+        self.max = -1
+        self.length = None if length is None else int(length)
+        self._out: IO[bytes] | None = None
+        self._raw: IO[bytes] | None = None
+        self._raw_path = self.path.with_name(self.path.name + ".part")
+        if self.length is not None:
+            self._out = self._create(self.length)
+        else:
+            self._raw = open(self._raw_path, "wb")
+
+    def _create(self, length: int) -> IO[bytes]:
+        """Create the ``.npy`` of ``length`` values; a handle positioned at its data."""
+        created = np.lib.format.open_memmap(self.path, mode="w+", dtype=np.int64, shape=(length,))
+        offset = int(created.offset)
+        del created  # unmapped before anything is written
+        f = open(self.path, "r+b")
+        f.seek(offset)
+        return f
+
+    def append(self, values: np.ndarray) -> None:
+        """Add a chunk (any integer array; flattened)."""
+        values = np.ascontiguousarray(values, dtype=np.int64).reshape(-1)
+        if not len(values):
+            return
+        self.max = max(self.max, int(values.max()))
+        if self._out is not None:
+            room = max(0, self.length - self.count)
+            if room:
+                values[:room].tofile(self._out)
+        elif self._raw is not None:
+            values.tofile(self._raw)
+        self.count += len(values)
+
+    def finish(self) -> np.memmap:
+        """Close the writer and return the stored values, mapped read-only."""
+        if self._out is None:
+            # Unknown length: copy the raw side file into a .npy of the final size.
+            if self._raw is not None:
+                self._raw.close()
+                self._raw = None
+            self._out = self._create(self.count)
+            step = EDGE_CHUNK_ROWS
+            with open(self._raw_path, "rb") as f:
+                for start in range(0, self.count, step):
+                    np.fromfile(f, dtype=np.int64, count=min(step, self.count - start)).tofile(self._out)
+            self._raw_path.unlink()
+        # (Fewer values than `length` leave zeros; callers reject a short count.)
+        self._out.close()
+        self._out = None
+        return np.load(self.path, mmap_mode="r")
+
+    def close(self) -> None:
+        """Drop the handles without returning anything (error path)."""
+        for handle in (self._out, self._raw):
+            if handle is not None:
+                handle.close()
+        self._out = self._raw = None
+
+    def __enter__(self) -> "Int64Spill":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+        if exc_type is not None:
+            for p in (self.path, self._raw_path):
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
 
 
 # --------------------------------------------------------------------------- .npz members

@@ -10,7 +10,10 @@ missing and cache ``.pt`` files that newer torch refuses. Two raw layouts::
     <root>/split/<name>/{train,valid,test}.csv.gz     node property prediction
     <root>/split/<name>/{train,valid,test}.pt         link property prediction
 
-Edges and features stream in chunks; labels and splits are read whole.
+Edges and features stream in chunks. Node labels and node split ids are streamed chunk
+by chunk into ``.npy`` files under the work directory and handed out as read-only
+memory maps, so reading them never holds an [N] array in memory. Link-prediction
+``.pt`` splits are pickles and load whole.
 """
 
 from __future__ import annotations
@@ -285,6 +288,11 @@ class _Graph:
     feature_dim: int = 0
     features: Callable[[], Iterator[np.ndarray]] | None = None
     labels: np.ndarray | None = None
+    """[N] int64 read-only memory map of a ``.npy`` under ``scratch``, or None."""
+    num_classes: int = 0
+    """Largest label + 1, computed while streaming (0 when nothing is labeled)."""
+    scratch: Path | None = None
+    """This read's folder under the work directory for spilled arrays (labels, splits)."""
     describe_edge: Callable[[int], str] | None = None
     describe_feature_row: Callable[[int], str] | None = None
     rel_file: Path | None = None
@@ -376,13 +384,29 @@ def _csv_graph(raw: Path, ctx: ReadContext) -> _Graph:
             raise SourceError(
                 f"{display}: {width} label columns; multi-task labels are not supported"
             )
-        values = _io.read_csv_all(label_file, ncols=1, dtype=np.float64, display=display,
-                                  missing_ok=True)[:, 0]
-        g.labels = _labels_from_float(values, display, lambda i: f"line {i + 1}")
-        if len(g.labels) != g.num_nodes:
-            raise SourceError(
-                f"{display}: {len(g.labels)} labels but {ctx.show(node_count_file)} says {g.num_nodes} nodes"
-            )
+        g.scratch = _io.spill_dir(ctx, "ogb-")
+        # Streamed into a .npy of N rows. Errors keep the precedence of reading the whole
+        # file first: a parse error anywhere, then the first bad class id, then the count.
+        bad: SourceError | None = None
+        rows = 0
+        with _io.Int64Spill(g.scratch / "labels.npy", length=max(0, g.num_nodes)) as spill:
+            for chunk in _io.iter_csv(label_file, ncols=1, dtype=np.float64,
+                                      chunk_rows=_io.EDGE_CHUNK_ROWS, display=display, missing_ok=True):
+                if bad is None:
+                    try:
+                        spill.append(_labels_from_float(chunk[:, 0], display,
+                                                        lambda i, first=rows: f"line {first + i + 1}"))
+                    except SourceError as e:
+                        bad = e
+                rows += len(chunk)
+            if bad is not None:
+                raise bad
+            if rows != g.num_nodes:
+                raise SourceError(
+                    f"{display}: {rows} labels but {ctx.show(node_count_file)} says {g.num_nodes} nodes"
+                )
+            g.labels = spill.finish()
+            g.num_classes = spill.max + 1
     return g
 
 
@@ -473,12 +497,15 @@ def _npz_graph(raw: Path, ctx: ReadContext) -> _Graph:
             raise SourceError(f"{m.display}: expected numeric shape [N] or [N, 1], got {m.dtype} {m.shape}")
         if m.shape[0] != g.num_nodes:
             raise SourceError(f"{m.display}: {m.shape[0]} labels but num_nodes_list says {g.num_nodes} nodes")
-        # Converted chunk by chunk so a float64 copy of all labels never exists at once.
-        parts = [
-            _labels_from_float(chunk.astype(np.float64).reshape(-1), m.display, lambda i: f"row {i}")
-            for chunk in _io.iter_npy_flat(m, start=0, stop=m.size, chunk=_io.EDGE_CHUNK_ROWS)
-        ]
-        g.labels = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        # Converted chunk by chunk into a .npy of N rows: no [N] array is ever in memory.
+        g.scratch = _io.spill_dir(ctx, "ogb-")
+        with _io.Int64Spill(g.scratch / "labels.npy", length=m.shape[0]) as spill:
+            for chunk in _io.iter_npy_flat(m, start=0, stop=m.size, chunk=_io.EDGE_CHUNK_ROWS):
+                first = spill.count
+                spill.append(_labels_from_float(chunk.astype(np.float64).reshape(-1), m.display,
+                                                lambda i: f"row {first + i}"))
+            g.labels = spill.finish()
+            g.num_classes = spill.max + 1
     return g
 
 
@@ -537,7 +564,12 @@ def read_ogb(path: Path, ctx: ReadContext) -> SourceGraph:
                         f"split/{split_dir.name}/{s}.csv.gz: file not found "
                         f"(looked in {ctx.show(split_dir)})"
                     )
-                node_splits[s] = _io.read_csv_all(file, ncols=1, dtype=np.int64, display=ctx.show(file))[:, 0]
+                # Streamed into a .npy; the line count is known only at the end.
+                with _io.Int64Spill(g.scratch / f"split-{s}.npy") as spill:
+                    for chunk in _io.iter_csv(file, ncols=1, dtype=np.int64,
+                                              chunk_rows=_io.EDGE_CHUNK_ROWS, display=ctx.show(file)):
+                        spill.append(chunk[:, 0])
+                    node_splits[s] = spill.finish()
                 split_files[s] = file
             origin = {"kind": "shipped", "name": split_dir.name}
 
@@ -591,8 +623,7 @@ def read_ogb(path: Path, ctx: ReadContext) -> SourceGraph:
         extra["ignored_raw_files"] = ignored
     if g.num_edges_declared is not None:
         extra["num_edges_declared"] = g.num_edges_declared
-    labeled = g.labels is not None and len(g.labels) and g.labels.max() >= 0
-    num_classes = int(g.labels.max() + 1) if labeled else 0
+    num_classes = g.num_classes if g.labels is not None else 0
 
     return SourceGraph(
         name=name,
