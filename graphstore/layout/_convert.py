@@ -10,9 +10,13 @@ The stages, in the order `_build` runs them::
                 ─> splits                               (_writer)
                 ─> manifest ─> rename the temporary directory into place
 
-Memory: O(N) for id maps, labels and degrees, plus one chunk of edges or feature rows,
-plus the edges into one partition while they are sorted. Features and edges never sit in
-memory whole; the one exception is METIS, which needs the graph (``stream`` does not).
+Memory is bounded by the chunk settings, not by the dataset: features and edges stream
+through scratch files, and every per-node array (labels, splits, in-counts, partition
+labels, the two id maps, degrees) is a file-backed array in the work directory, read and
+written a chunk at a time, so the page cache holds it while it fits and gives it back
+when it does not. Two partitioners are the exception by nature: ``stream`` keeps O(N)
+node state and METIS the whole graph (the default switches to ``stream`` above
+`METIS_AUTO_MAX_EDGES`); ``random`` and ``sequential`` are chunked.
 """
 
 from __future__ import annotations
