@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--partition-bytes", type=_byte_size, metavar="B",
                       help="target bytes of features+edges per partition (default 4MiB)")
     c.add_argument("--partitioner", choices=["metis", "random", "sequential", "stream"],
-                   help="default: metis, or stream for graphs too large for it")
+                   help="default: metis, or random for graphs too large for it (over 50M edges)")
     c.add_argument("--seed", type=int, default=0, help="seeds the partitioner and generated splits")
     c.add_argument("--overwrite", action="store_true", help="replace OUT once the new store is complete")
     loops = c.add_mutually_exclusive_group()

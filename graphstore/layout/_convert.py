@@ -15,7 +15,7 @@ through scratch files, and every per-node array (labels, splits, in-counts, part
 labels, the two id maps, degrees) is a file-backed array in the work directory, read and
 written a chunk at a time, so the page cache holds it while it fits and gives it back
 when it does not. Two partitioners are the exception by nature: ``stream`` keeps O(N)
-node state and METIS the whole graph (the default switches to ``stream`` above
+node state and METIS the whole graph (the default switches to ``random`` above
 `METIS_AUTO_MAX_EDGES`); ``random`` and ``sequential`` are chunked.
 """
 
@@ -57,7 +57,7 @@ DEFAULT_PARTITION_BYTES = 4 << 20
 MAX_DEFAULT_PARTITIONS = 1024
 """Bound on the default p: bucket_offsets has p*p+1 entries."""
 METIS_AUTO_MAX_EDGES = 50_000_000
-"""``partitioner=None`` picks METIS below this many staged edges, ``stream`` above it."""
+"""``partitioner=None`` picks METIS up to this many staged edges, ``random`` above it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ class ConvertOptions:
     partition_bytes: int | None = None
     """Target bytes (features + edges) per partition when p is not given."""
     partitioner: str | None = None
-    """``metis``, ``random``, ``sequential``, ``stream``; None: METIS when it fits."""
+    """``metis``, ``random``, ``sequential``, ``stream``; None: METIS when it fits, else random."""
     seed: int = 0
     """Seeds the partitioner and generated splits."""
     overwrite: bool = False
@@ -200,7 +200,9 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
     with _phase("stage edges", timings):
         staged, edge_counts = _stage_edges(graph, work, opts)
     p, p_rule = _choose_num_partitions(graph, staged, opts)
-    method = opts.partitioner or ("metis" if staged.num_edges <= METIS_AUTO_MAX_EDGES else "stream")
+    # Past METIS's reach the default is random (MariusGNN's choice), the partitioner whose
+    # memory stays bounded; `stream` cuts fewer edges but keeps O(N) state and is slower.
+    method = opts.partitioner or ("metis" if staged.num_edges <= METIS_AUTO_MAX_EDGES else "random")
     with _phase("partition", timings):
         part = partition_nodes(method, edges=staged, num_partitions=p, seed=opts.seed,
                                chunk_edges=opts.chunk_edges)
