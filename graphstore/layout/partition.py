@@ -188,6 +188,18 @@ def _block_sizes(num_nodes: int, num_partitions: int) -> np.ndarray:
     return np.clip(num_nodes - starts, 0, size)
 
 
+def _label_array(labels, num_partitions: int) -> np.ndarray:
+    """``labels`` as a 1-D integer array (a memmap stays a memmap), p checked against it."""
+    if not isinstance(labels, np.ndarray):
+        labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise ConfigError(f"labels must be 1-D (got shape {labels.shape})")
+    _check_num_partitions(num_partitions, labels.shape[0])
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ConfigError(f"labels must be integers (got dtype {labels.dtype})")
+    return labels
+
+
 def equal_blocks(labels: np.ndarray, num_partitions: int) -> tuple[np.ndarray, int]:
     """Store order for ``labels``: sort by (label, source id), cut into equal blocks.
 
@@ -223,13 +235,8 @@ def equal_blocks(labels: np.ndarray, num_partitions: int) -> tuple[np.ndarray, i
     >>> equal_blocks(np.array([1, 0, 1, 0, 0]), 2)
     (array([1, 3, 4, 0, 2]), 3)
     """
-    labels = np.asarray(labels)
-    if labels.ndim != 1:
-        raise ConfigError(f"labels must be 1-D (got shape {labels.shape})")
+    labels = _label_array(labels, num_partitions)
     num_nodes = labels.shape[0]
-    _check_num_partitions(num_partitions, num_nodes)
-    if not np.issubdtype(labels.dtype, np.integer):
-        raise ConfigError(f"labels must be integers (got dtype {labels.dtype})")
     lo, hi = int(labels.min()), int(labels.max())
     if lo < 0 or hi >= num_partitions:
         raise ConfigError(
@@ -380,14 +387,8 @@ def store_order(
     ...     print(orig_id.tolist(), store_id.tolist(), size)
     [1, 3, 4, 0, 2] [3, 0, 4, 1, 2] 3
     """
-    if not isinstance(labels, np.ndarray):
-        labels = np.asarray(labels)
-    if labels.ndim != 1:
-        raise ConfigError(f"labels must be 1-D (got shape {labels.shape})")
+    labels = _label_array(labels, num_partitions)
     num_nodes = labels.shape[0]
-    _check_num_partitions(num_partitions, num_nodes)
-    if not np.issubdtype(labels.dtype, np.integer):
-        raise ConfigError(f"labels must be integers (got dtype {labels.dtype})")
     if isinstance(chunk, bool) or not isinstance(chunk, int | np.integer) or chunk < 1:
         raise ConfigError(f"chunk must be a positive int (got {chunk!r})")
     dtype = np.dtype(dtype)
