@@ -1,11 +1,13 @@
 """Samplers: from the resident graph (seen through `SampleGraph`) to `DENSE` / `Batch`.
 
 `sample_dense` is the production sampler; `sample_blocks` (DGL-style per-layer blocks) is
-the reference it is checked and compared against.
+the reference it is checked and compared against; `sample_negatives` draws link
+prediction's negatives, shared per chunk of a batch.
 """
 
 from graphstore.sample.base import DENSE, Batch, CSCGraph, DenseLayer, SampleGraph
 from graphstore.sample.dense import DIRECTIONS, new_workspace, sample_dense, sample_neighbours
+from graphstore.sample.negatives import NegativeSample, num_degree_negatives, sample_negatives
 from graphstore.sample.reference import Block, dense_neighbours, sample_blocks
 
 __all__ = [
@@ -15,10 +17,13 @@ __all__ = [
     "Block",
     "CSCGraph",
     "DenseLayer",
+    "NegativeSample",
     "SampleGraph",
     "dense_neighbours",
     "new_workspace",
+    "num_degree_negatives",
     "sample_blocks",
     "sample_dense",
+    "sample_negatives",
     "sample_neighbours",
 ]
