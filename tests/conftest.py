@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,14 @@ def shared_data() -> Path:
             pytest.fail(f"CI run without {SHARED_DATA}")
         pytest.skip("../shared/data not present (only the developers' machines and CI have it)")
     return SHARED_DATA
+
+
+@pytest.fixture
+def copy(store_path, tmp_path) -> Path:
+    """A private copy of the module's ``store_path`` store, for tests that damage it."""
+    dest = tmp_path / "copy.gs"
+    shutil.copytree(store_path, dest)
+    return dest
 
 
 def make_graph(

@@ -24,13 +24,6 @@ def store_path(tmp_path_factory):
     return path
 
 
-@pytest.fixture
-def copy(store_path, tmp_path):
-    dest = tmp_path / "copy.gs"
-    shutil.copytree(store_path, dest)
-    return dest
-
-
 def test_metadata_and_repr(store_path):
     store = graphstore.open(store_path)
     assert (store.num_nodes, store.num_partitions, store.partition_size) == (120, 4, 30)

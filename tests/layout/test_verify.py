@@ -3,7 +3,6 @@ the array and chunk."""
 
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pytest
@@ -21,13 +20,6 @@ def store_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("v") / "g.gs"
     convert(graph, path, ConvertOptions(num_partitions=4, partitioner="random"))
     return path
-
-
-@pytest.fixture
-def copy(store_path, tmp_path):
-    dest = tmp_path / "copy.gs"
-    shutil.copytree(store_path, dest)
-    return dest
 
 
 def test_clean_store_verifies(store_path):
