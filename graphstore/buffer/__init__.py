@@ -8,7 +8,9 @@ See ARCHITECTURE.md, "The buffer manager".
 (8, True)
 """
 
+from graphstore.buffer.cache import StaticCache
 from graphstore.buffer.manager import BufferManager, BufferStats, LoadedState, planned_read_bytes
+from graphstore.buffer.memory import BufferMemory, assign_slots, slots_needed
 from graphstore.buffer.policies import (
     BufferState,
     EpochPlan,
@@ -23,6 +25,10 @@ from graphstore.buffer.resident import ResidentGraph, build_resident_graph
 
 __all__ = [
     "BufferManager",
+    "BufferMemory",
+    "StaticCache",
+    "assign_slots",
+    "slots_needed",
     "BufferState",
     "BufferStats",
     "EpochPlan",

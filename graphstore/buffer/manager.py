@@ -3,28 +3,38 @@
 A `BufferManager` is given the states of one epoch (tuples of partition ids, e.g. a
 policy's ``plan.states``) and yields one `LoadedState` per state, whose `ResidentGraph`
 holds the state's partitions and every edge bucket among them. While the consumer trains
-on state ``s``, a loader thread reads what state ``s + 1`` lacks and assembles its graph
-(double buffering)::
+on state ``s``, a loader thread reads what state ``s + 1`` lacks into free slots of the
+preallocated `BufferMemory` and assembles its graph (double buffering)::
 
     consumer   | train s-1        | train s           | train s+1 ...
     loader     |   load s  | wait |   load s+1 | wait |
     handoff            slot (one state) ──> consumer
 
-Reads are incremental and coalesced: partitions resident in both states are not read
-again (their feature rows, labels and buckets stay in the loader's cache, keyed by
-partition and by bucket, and are dropped when evicted); new partitions whose ids are
-consecutive are read as one row range; needed buckets whose byte ranges abut in
-``edges/src``, ``edges/dst`` (and ``edges/rel``) are read as one range, since all buckets
-(i, j) of one destination j are adjacent there (see `graphstore.layout.base`).
+A state's tensors are the buffer's own memory: they are valid until the consumer asks for
+the next state (as with a DataLoader's shared memory), when the loader may reuse the slots.
 
-Threading: one `threading.Condition` guards a one-state handoff slot, the loader's
-counters and the closing flag. The loader waits for the slot to empty *before* it reads
-the next state, so at most two assembled states exist at once (the one being trained and
+Reads are incremental and coalesced: which slot each partition takes, and so which
+partitions must be read, is planned before the epoch (`graphstore.buffer.memory.assign_slots`);
+partitions found in their slots are not read again, and neither are buckets between two
+held partitions; new partitions with consecutive ids in consecutive slots are read as one
+row range; needed buckets whose byte ranges abut in ``edges/src``, ``edges/dst`` (and
+``edges/rel``) are read as one range, since all buckets (i, j) of one destination j are
+adjacent there (see `graphstore.layout.base`). Every read goes through
+`Store.read_rows`, straight into the slot.
+
+Learnable embeddings (an `EmbeddingTable`) are read with their partition and marked dirty
+when a state is handed to the consumer; a dirty partition is written back (atomically,
+`EmbeddingTable.write_partition`) by the loader before its slot is reused, and every dirty
+partition at the end of the epoch and on `close`, so no update is lost.
+
+Threading: one `threading.Condition` guards a one-state handoff slot, the counters, the
+dirty flags and the closing flag. The loader waits for the handoff slot to empty *before*
+it reads the next state, so at most two states are live at once (the one being trained and
 the one ready). An exception in the loader is stored, handed to the consumer after the
 states loaded before it, and re-raised there (the same object, so its type, message and
-the loader-side traceback survive). `close` sets the flag, wakes everyone and joins the
-thread; the loader checks the flag between read requests, so close never waits for more
-than one request.
+the loader-side traceback survive). `close` sets the flag, wakes everyone, joins the thread
+and writes back; the loader checks the flag between requests, so close never waits for
+more than one request.
 """
 
 from __future__ import annotations
@@ -38,8 +48,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphstore.buffer.resident import Bucket, ResidentGraph, assemble_resident_graph
+from graphstore.buffer.cache import StaticCache
+from graphstore.buffer.memory import BufferMemory, SlotPlan, assign_slots, slots_needed
+from graphstore.buffer.resident import Bucket, ResidentGraph, assemble_resident_graph, fill_cache_rows
 from graphstore.errors import BufferClosedError, ConfigError
+from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
 
 __all__ = ["BufferClosedError", "BufferManager", "BufferStats", "LoadedState", "planned_read_bytes"]
@@ -65,13 +78,21 @@ class BufferStats:
     requests: int
     """Array read requests issued (after coalescing adjacent ranges)."""
     bytes_read: int
-    """Bytes of the arrays read, ``sum(rows * row_itemsize)``: features, labels, src, dst, rel."""
+    """Bytes delivered by reads: features, labels, embeddings, src, dst, rel."""
     read_seconds: float
     """Wall time the loader spent inside array reads."""
     assemble_seconds: float
-    """Wall time the loader spent building `ResidentGraph` objects from cached data."""
+    """Wall time the loader spent building `ResidentGraph` objects from resident data."""
     stall_seconds: float
     """Wall time the consumer waited for a state (with ``prefetch=False``: all of the load)."""
+    partitions_written: int = 0
+    """Dirty embedding partitions written back."""
+    bytes_written: int = 0
+    """Bytes of embedding chunks written back."""
+    write_seconds: float = 0.0
+    """Wall time spent writing back (loader and consumer)."""
+    planned_bytes: int = 0
+    """`planned_read_bytes` for the states and slots: the minimum this pass must read."""
 
     @property
     def read_bandwidth(self) -> float:
@@ -81,7 +102,7 @@ class BufferStats:
 
 @dataclass(frozen=True, slots=True)
 class LoadedState:
-    """One buffer state, ready to train."""
+    """One buffer state, ready to train (valid until the next state is requested)."""
 
     index: int
     """Position of the state in the epoch."""
@@ -89,20 +110,21 @@ class LoadedState:
     """The resident partitions (``graph.partitions`` is the state, in the order given) and
     every bucket among them."""
     admitted: tuple[int, ...]
-    """Partitions read for this state (ascending); the rest were already resident."""
+    """Partitions read for this state (ascending); the rest were already in their slots."""
 
 
 # ---------------------------------------------------------------------- read planning
 
 
-def _runs(sorted_ids: Sequence[int]) -> list[tuple[int, int]]:
-    """Maximal runs ``[first, last]`` of consecutive integers in an ascending sequence."""
-    runs: list[tuple[int, int]] = []
-    for k in sorted_ids:
-        if runs and k == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], k)
+def _runs(pairs: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Group ``(partition, slot)`` pairs (ascending partition) into runs where both the
+    partition ids and the slots are consecutive: one contiguous read into contiguous memory."""
+    runs: list[list[tuple[int, int]]] = []
+    for k, z in pairs:
+        if runs and k == runs[-1][-1][0] + 1 and z == runs[-1][-1][1] + 1:
+            runs[-1].append((k, z))
         else:
-            runs.append((k, k))
+            runs.append([(k, z)])
     return runs
 
 
@@ -138,9 +160,51 @@ def _check_states(store: Store, states: Sequence[Sequence[int]]) -> list[tuple[i
     return checked
 
 
-def planned_read_bytes(store: Store, states: Sequence[Sequence[int]], *, with_features: bool = True) -> int:
-    """Bytes a `BufferManager` reads for ``states``: each state's new partitions' rows and
-    the buckets it lacks, nothing twice while resident (the minimum for that order).
+def _bucket_reads(states: Sequence[tuple[int, ...]], plan: SlotPlan, p: int, *,
+                  holder: Sequence[int] = (), cached: Sequence[tuple[int, int]] = ()) -> list[list[int]]:
+    """Per state, the buckets (``b = j * p + i``, ascending) it must read: those among its
+    partitions not read since both ends entered their slots. ``holder`` and ``cached``
+    describe the memory at the start (partitions held, buckets held)."""
+    held = {k for k in holder if k >= 0}
+    have = {j * p + i for i, j in cached}
+    reads = []
+    for parts, admitted, evicted in zip(states, plan.admitted, plan.evicted, strict=True):
+        held -= {k for _, k in evicted}
+        held |= set(admitted)
+        have = {b for b in have if b % p in held and b // p in held}
+        needed = sorted(b for b in {j * p + i for j in parts for i in parts} if b not in have)
+        have.update(needed)
+        reads.append(needed)
+    return reads
+
+
+def _row_bytes(store: Store, *, with_features: bool, embedding_dim: int) -> int:
+    m = store.manifest
+    row = 8 * embedding_dim  # float32 value + optimizer state
+    if with_features and m.has_features:
+        row += m.feature_dim * np.dtype(m.feature_dtype).itemsize
+    if m.has_labels:
+        row += 4
+    return row
+
+
+def _plan_bytes(store: Store, states: Sequence[tuple[int, ...]], plan: SlotPlan, *, row_bytes: int,
+                holder: Sequence[int] = (), cached: Sequence[tuple[int, int]] = ()) -> int:
+    m = store.manifest
+    edge_bytes = 2 * np.dtype(m.index_dtype).itemsize + (4 if m.has_relations else 0)
+    offsets, total = store.bucket_offsets, 0
+    reads = _bucket_reads(states, plan, store.num_partitions, holder=holder, cached=cached)
+    for admitted, needed in zip(plan.admitted, reads, strict=True):
+        total += sum(np.subtract(*store.partition_range(k)[::-1]) for k in admitted) * row_bytes
+        total += sum(int(offsets[b + 1]) - int(offsets[b]) for b in needed) * edge_bytes
+    return int(total)
+
+
+def planned_read_bytes(store: Store, states: Sequence[Sequence[int]], *, with_features: bool = True,
+                       prefetch: bool = True, num_slots: int | None = None, embedding_dim: int = 0) -> int:
+    """Bytes a `BufferManager` with an empty `BufferMemory` reads for ``states``: each
+    partition when it enters a slot (not again while it stays there) and each bucket
+    between two partitions when they are first held together.
 
     Parameters
     ----------
@@ -150,36 +214,26 @@ def planned_read_bytes(store: Store, states: Sequence[Sequence[int]], *, with_fe
         The buffer states of the epoch, in order.
     with_features : bool
         Count feature rows (as `BufferManager` does when its ``with_features`` is true).
+    prefetch, num_slots : bool, int
+        As the manager's; ``num_slots`` defaults to `slots_needed`.
+    embedding_dim : int
+        d of the learnable embeddings read with each partition (0: none).
 
     Returns
     -------
     int
-        Bytes of features, labels and edge arrays (src, dst, rel).
+        Bytes of features, labels, embeddings and edge arrays (src, dst, rel).
 
     Raises
     ------
     ConfigError
-        A repeated or out-of-range partition id in a state.
+        A repeated or out-of-range partition id in a state, or too few slots.
     """
-    m = store.manifest
-    row_bytes = 0
-    if with_features and m.has_features:
-        row_bytes += m.feature_dim * np.dtype(m.feature_dtype).itemsize
-    if m.has_labels:
-        row_bytes += 4
-    edge_bytes = 2 * np.dtype(m.index_dtype).itemsize + (4 if m.has_relations else 0)
-    p, offsets = store.num_partitions, store.bucket_offsets
-    total, prev = 0, set()
-    for parts in _check_states(store, states):
-        for k in set(parts) - prev:
-            start, stop = store.partition_range(k)
-            total += (stop - start) * row_bytes
-        for j in parts:
-            for i in parts:
-                if i not in prev or j not in prev:
-                    total += (int(offsets[j * p + i + 1]) - int(offsets[j * p + i])) * edge_bytes
-        prev = set(parts)
-    return total
+    states = _check_states(store, states)
+    slots = slots_needed(states, prefetch=prefetch) if num_slots is None else num_slots
+    plan = assign_slots(states, slots, prefetch=prefetch)
+    return _plan_bytes(store, states, plan,
+                       row_bytes=_row_bytes(store, with_features=with_features, embedding_dim=embedding_dim))
 
 
 # ---------------------------------------------------------------------- the loader
@@ -190,90 +244,108 @@ class _Cancelled(Exception):
 
 
 class _Loader:
-    """Reads states incrementally and assembles their graphs; keeps the resident data.
+    """Reads states into their slots, writes back evicted dirty partitions, assembles graphs.
 
     Touched by one thread at a time (the loader thread, or the consumer with
-    ``prefetch=False``); only the counters are shared, under ``lock``.
+    ``prefetch=False``); the counters and dirty flags are shared, under ``lock``.
     """
 
-    def __init__(
-        self, store: Store, states: list[tuple[int, ...]], *, with_features: bool, lock: threading.Condition
-    ):
+    def __init__(self, store: Store, states: list[tuple[int, ...]], plan: SlotPlan, *, memory: BufferMemory,
+                 embeddings: EmbeddingTable | None, static_cache: StaticCache | None,
+                 lock: threading.Condition):
         m = store.manifest
-        self.store, self.states, self.lock = store, states, lock
-        # Resolve the arrays here, in the caller's thread, so the loader never mutates
-        # the store's lazy array cache concurrently with the consumer.
-        self.features = store.array("nodes/features") if with_features and m.has_features else None
-        self.labels = store.array("nodes/labels") if m.has_labels else None
-        self.edges = [store.array("edges/src"), store.array("edges/dst")]
-        if m.has_relations:
-            self.edges.append(store.array("edges/rel"))
+        self.store, self.states, self.plan, self.lock = store, states, plan, lock
+        self.memory, self.table, self.static_cache = memory, embeddings, static_cache
+        self.edge_names = ["edges/src", "edges/dst"] + (["edges/rel"] if m.has_relations else [])
         self.offsets = store.bucket_offsets
-        self.rows: dict[int, tuple[np.ndarray | None, np.ndarray | None]] = {}
-        self.buckets: dict[tuple[int, int], Bucket] = {}
+        self.buckets: dict[tuple[int, int], Bucket] = memory.buckets  # held buckets outlive an epoch
         self.counts = dict(partitions_loaded=0, swaps=0, buckets_read=0, requests=0, bytes_read=0,
-                           read_seconds=0.0, assemble_seconds=0.0)
+                           read_seconds=0.0, assemble_seconds=0.0, partitions_written=0,
+                           bytes_written=0, write_seconds=0.0)
         self.stop_requested: Callable[[], bool] = lambda: False
 
-    def _read(self, array, lo: int, hi: int) -> np.ndarray:
+    def _count(self, seconds: float, **added: int) -> None:
+        with self.lock:
+            for key, value in added.items():
+                self.counts[key] += value
+            self.counts["read_seconds" if "bytes_read" in added else "write_seconds"] += seconds
+
+    def _read(self, name: str, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
         if self.stop_requested():
             raise _Cancelled
         t0 = time.perf_counter()
-        out = np.asarray(array[lo:hi])
-        seconds = time.perf_counter() - t0
+        got = self.store.read_rows(name, lo, hi, out)
+        self._count(time.perf_counter() - t0, requests=1, bytes_read=got.nbytes)
+        return got
+
+    def write_back(self, z: int) -> None:
+        """Write slot z's embeddings to the store if dirty (any thread that owns the slot)."""
+        memory = self.memory
         with self.lock:
-            self.counts["requests"] += 1
-            self.counts["bytes_read"] += out.nbytes
-            self.counts["read_seconds"] += seconds
-        return out
+            k, dirty = memory.holder[z], memory.dirty[z]
+        if self.table is None or not dirty or k < 0:
+            return
+        start, stop = self.store.partition_range(k)
+        t0 = time.perf_counter()
+        written = self.table.write_partition(k, memory.embeddings[memory.slot_rows(z, stop - start)].numpy())
+        with self.lock:
+            memory.dirty[z] = False
+        self._count(time.perf_counter() - t0, partitions_written=1, bytes_written=written)
 
     def load(self, index: int) -> LoadedState:
-        parts = self.states[index]
-        want = set(parts)
-        # Evict first so the cache never holds more than the new state needs.
-        for k in [k for k in self.rows if k not in want]:
-            del self.rows[k]
-        for key in [key for key in self.buckets if key[0] not in want or key[1] not in want]:
+        parts, slots = self.states[index], self.plan.slots[index]
+        memory = self.memory
+        for z, _ in self.plan.evicted[index]:
+            self.write_back(z)
+            memory.holder[z] = -1
+        admitted = self.plan.admitted[index]
+        where = dict(zip(parts, slots))
+        self._read_rows([(k, where[k]) for k in admitted])
+        held = {k for k in memory.holder if k >= 0}
+        for key in [key for key in self.buckets if key[0] not in held or key[1] not in held]:
             del self.buckets[key]
-        admitted = tuple(sorted(want - set(self.rows)))
-        self._read_rows(admitted)
         self._read_buckets(parts)
         with self.lock:
             self.counts["partitions_loaded"] += len(admitted)
             if index > 0:
                 self.counts["swaps"] += len(admitted)
         t0 = time.perf_counter()
-        features = {k: self.rows[k][0] for k in parts} if self.features is not None else None
-        labels = {k: self.rows[k][1] for k in parts} if self.labels is not None else None
-        graph = assemble_resident_graph(
-            self.store, parts, buckets=self.buckets, features=features, labels=labels
-        )
+        graph = assemble_resident_graph(self.store, parts, slots, memory=memory, buckets=self.buckets,
+                                        static_cache=self.static_cache)
         with self.lock:
             self.counts["assemble_seconds"] += time.perf_counter() - t0
         logger.debug("state %d: read partitions %s, %d resident", index, admitted, len(parts))
         return LoadedState(index=index, graph=graph, admitted=admitted)
 
-    def _read_rows(self, admitted: Sequence[int]) -> None:
-        P, N = self.store.partition_size, self.store.num_nodes
-        for first, last in _runs(admitted):
-            start, stop = first * P, min((last + 1) * P, N)
-            feats = self._read(self.features, start, stop) if self.features is not None else None
-            labs = self._read(self.labels, start, stop) if self.labels is not None else None
-            for k in range(first, last + 1):
-                lo, hi = k * P - start, min((k + 1) * P, N) - start
-                self.rows[k] = (
-                    None if feats is None else feats[lo:hi],
-                    None if labs is None else labs[lo:hi],
-                )
+    def _read_rows(self, pairs: Sequence[tuple[int, int]]) -> None:
+        memory, store = self.memory, self.store
+        for run in _runs(pairs):
+            start = store.partition_range(run[0][0])[0]
+            stop = store.partition_range(run[-1][0])[1]
+            rows = memory.slot_rows(run[0][1], stop - start)
+            for name, tensor in (("nodes/features", memory.features), ("nodes/labels", memory.labels)):
+                if tensor is not None:
+                    self._read(name, start, stop, tensor[rows].numpy())
+            if self.table is not None:
+                for k, z in run:
+                    if self.stop_requested():
+                        raise _Cancelled
+                    k_start, k_stop = store.partition_range(k)
+                    t0 = time.perf_counter()
+                    out = memory.embeddings[memory.slot_rows(z, k_stop - k_start)].numpy()
+                    self.table.read_partition(k, out)
+                    self._count(time.perf_counter() - t0, requests=1, bytes_read=out.nbytes)
+            for k, z in run:
+                memory.holder[z] = k
 
     def _read_buckets(self, parts: Sequence[int]) -> None:
         p = self.store.num_partitions
         needed = sorted(j * p + i for j in parts for i in parts if (i, j) not in self.buckets)
         for lo, hi, members in _bucket_spans(needed, self.offsets):
             if hi > lo:
-                arrays = [self._read(a, lo, hi) for a in self.edges]
+                arrays = [self._read(name, lo, hi) for name in self.edge_names]
             else:  # only empty buckets: no request at all
-                arrays = [np.zeros(0, a.dtype) for a in self.edges]
+                arrays = [np.zeros(0, np.int64) for _ in self.edge_names]
             for b in members:
                 # Views into the span: no copy; a span lives until its last bucket is evicted.
                 b_lo, b_hi = int(self.offsets[b]) - lo, int(self.offsets[b + 1]) - lo
@@ -400,26 +472,36 @@ class BufferManager:
     Parameters
     ----------
     store : Store
-        An open store (only read).
+        An open store.
     states : sequence of sequence of int
-        The resident partitions of each state, in order (e.g. ``plan.states``). A state's
-        order is its local-id order in the `ResidentGraph`.
+        The resident partitions of each state, in order (e.g. ``plan.states``).
     prefetch : bool
         Load state ``s + 1`` in a background thread while state ``s`` is trained. False
         loads each state in the consumer when it is asked for (a baseline for the stats).
     with_features : bool
         Read feature rows (labels are always read when the store has them).
+    memory : BufferMemory, optional
+        Preallocated slots (`BufferMemory.allocate`); pass the previous epoch's to keep
+        what it holds. Default: allocate `slots_needed` slots for ``states``.
+    embeddings : EmbeddingTable, optional
+        Learnable embeddings read with each partition into ``graph.embeddings``, marked
+        dirty when a state is delivered, written back on eviction, at the end and on close.
+    static_cache : StaticCache, optional
+        Hub nodes kept resident in every state (HierBatching); its rows go to the
+        memory's cache rows.
 
     Raises
     ------
     ConfigError
-        A state with a repeated or out-of-range partition id.
+        A state with a repeated or out-of-range partition id; a memory too small for the
+        states, without the arrays asked for, or in use by another manager.
 
     Notes
     -----
     One manager serves one pass over ``states``; iterate it once, then `close` it (or use
     it as a context manager). An error raised while loading a state is re-raised by the
     iteration after the states before it were yielded, with its loader-side traceback.
+    A yielded state's tensors are valid until the next one is requested.
 
     Examples
     --------
@@ -444,18 +526,53 @@ class BufferManager:
         *,
         prefetch: bool = True,
         with_features: bool = True,
+        memory: BufferMemory | None = None,
+        embeddings: EmbeddingTable | None = None,
+        static_cache: StaticCache | None = None,
     ) -> None:
         self.store = store
         self.states = _check_states(store, states)
         self.prefetch = prefetch
+        dim = 0 if embeddings is None else embeddings.dim
+        cache_rows = 0 if static_cache is None else static_cache.num_nodes
+        if memory is None:
+            memory = BufferMemory.allocate(store, slots_needed(self.states, prefetch=prefetch),
+                                           with_features=with_features, embedding_dim=dim, cache_rows=cache_rows)
+        self._check_memory(memory, with_features=with_features and store.manifest.has_features,
+                           embedding_dim=dim, cache_rows=cache_rows)
+        plan = assign_slots(self.states, memory.num_slots, prefetch=prefetch, holder=memory.holder)
+        self.memory = memory
+        self.planned_bytes = _plan_bytes(
+            store, self.states, plan, holder=memory.holder, cached=list(memory.buckets),
+            row_bytes=_row_bytes(store, with_features=memory.features is not None, embedding_dim=dim))
+        if static_cache is not None:
+            fill_cache_rows(memory, static_cache)
+        memory.in_use = True
         self._cond = threading.Condition()
-        self._loader = _Loader(store, self.states, with_features=with_features, lock=self._cond)
+        self._loader = _Loader(store, self.states, plan, memory=memory, embeddings=embeddings,
+                               static_cache=static_cache, lock=self._cond)
         self._handoff = _Handoff(self._loader, len(self.states), self._cond, prefetch=prefetch)
         self._delivered = 0
         self._iterated = False
         self._closed = False
-        # A manager dropped mid-epoch without close() must not leave its thread blocked.
-        self._finalizer = weakref.finalize(self, self._handoff.close)
+        # A manager dropped mid-epoch without close() must not leave its thread blocked
+        # nor its updates unwritten.
+        self._finalizer = weakref.finalize(self, _shutdown, self._handoff, self._loader)
+
+    @staticmethod
+    def _check_memory(memory: BufferMemory, *, with_features: bool, embedding_dim: int, cache_rows: int) -> None:
+        if memory.in_use:
+            raise ConfigError("this BufferMemory is in use by another BufferManager; close that one first")
+        problems = []
+        if with_features != (memory.features is not None):
+            problems.append("it has feature rows but with_features is false" if memory.features is not None
+                            else "it has no feature rows")
+        if embedding_dim and (memory.embeddings is None or memory.embeddings.shape[2] != embedding_dim):
+            problems.append(f"it has no embeddings of dim {embedding_dim}")
+        if memory.cache_rows != cache_rows:
+            problems.append(f"it has {memory.cache_rows} cache rows, the static cache {cache_rows} nodes")
+        if problems:
+            raise ConfigError(f"the BufferMemory does not fit: {'; '.join(problems)}")
 
     def __len__(self) -> int:
         return len(self.states)
@@ -476,7 +593,12 @@ class BufferManager:
                 self.close()  # no thread outlives a failed (or interrupted) epoch
                 raise
             if item is None:
+                self.close()  # the epoch's end: write back every dirty partition
                 return
+            if self._loader.table is not None:
+                with self._cond:
+                    for z in item.graph.slots:
+                        self.memory.dirty[z] = True
             self._delivered += 1
             yield item
 
@@ -485,14 +607,15 @@ class BufferManager:
         """A snapshot of the counters so far (complete once the iteration ended)."""
         with self._cond:
             return BufferStats(states=self._delivered, stall_seconds=self._handoff.stall_seconds,
-                               **self._loader.counts)
+                               planned_bytes=self.planned_bytes, **self._loader.counts)
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     def close(self) -> None:
-        """Stop the loader and join its thread. Idempotent; safe mid-iteration."""
+        """Stop the loader, join its thread, write back dirty embeddings. Idempotent; safe
+        mid-iteration. A write-back error is raised here (the updates stay marked dirty)."""
         self._closed = True
         self._finalizer()
 
@@ -505,3 +628,13 @@ class BufferManager:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{self._delivered}/{len(self.states)} states"
         return f"<BufferManager {state}, prefetch={self.prefetch}>"
+
+
+def _shutdown(handoff: _Handoff, loader: _Loader) -> None:
+    """Join the loader, then write back what is dirty (the consumer's last updates too)."""
+    try:
+        handoff.close()
+        for z in range(loader.memory.num_slots):
+            loader.write_back(z)
+    finally:
+        loader.memory.in_use = False

@@ -1,10 +1,16 @@
 """The resident graph: what the samplers see of the partitions currently in the buffer.
 
-Local ids number the resident nodes partition by partition, in the order the buffer state
-lists its partitions: partition ``partitions[s]`` occupies local ids
-``[local_start[s], local_start[s] + size_s)``, row r of it being store id
-``partitions[s] * P + r``. Because store ids are partition-contiguous, mapping between
-store and local ids is arithmetic on the partition number, not a hash table.
+Local ids are buffer rows (`graphstore.buffer.memory`): partition k in slot z is local ids
+``[z*P, z*P + P_k)``, row r being store id ``k*P + r``; static-cache node i (when the
+buffer has a cache and i's partition is not resident) is local id ``cache_start + i``.
+Rows of empty slots, the padding after a short last partition, and cache rows whose
+partition is resident are vacant: ``node_ids`` is -1 there and no edge touches them.
+Mapping a store id to a local id is arithmetic on its partition number (and a binary
+search among the cache ids), never a hash table.
+
+The edges are those of the subgraph induced by the resident nodes (every bucket (i, j)
+with i and j resident) plus, with a static cache, every edge between a cache node and a
+resident or cache node that no bucket already holds.
 """
 
 from __future__ import annotations
@@ -15,26 +21,52 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from graphstore.buffer.cache import StaticCache
+from graphstore.buffer.memory import BufferMemory
 from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
 
-__all__ = ["ResidentGraph", "assemble_resident_graph", "build_resident_graph"]
+__all__ = ["Bucket", "ResidentGraph", "assemble_resident_graph", "build_resident_graph", "fill_cache_rows"]
+
+Bucket = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
+"""One edge bucket as `Store.read_bucket` returns it: ``(src, dst, rel)``, [m] store ids each."""
+
+_NO_CACHE = np.zeros(0, np.int64)
+
+
+def _local_ids(ids: np.ndarray, slot_of: np.ndarray, P: int, cache_ids: np.ndarray, cache_start: int) -> np.ndarray:
+    """[n] int64 local id of each store id: its slot row, else its cache row, else -1."""
+    ids = np.asarray(ids).astype(np.int64, copy=False)
+    part = ids // P
+    slot = slot_of[part]
+    local = np.where(slot >= 0, slot * P + ids - part * P, -1)
+    if cache_ids.size:
+        pos = np.minimum(np.searchsorted(cache_ids, ids), cache_ids.size - 1)
+        cached = (slot < 0) & (cache_ids[pos] == ids)
+        local = np.where(cached, cache_start + pos, local)
+    return local
 
 
 @dataclass(frozen=True, eq=False)
 class ResidentGraph:
-    """CSC adjacency, features and id maps over the nodes of the resident partitions."""
+    """CSC adjacency, features, embeddings and id maps over the buffer's resident nodes."""
 
     partitions: tuple[int, ...]
-    """Resident partition ids, in local-id order."""
+    """Resident partition ids, in the state's order."""
+    slots: tuple[int, ...]
+    """Buffer slot of each of ``partitions``."""
     partition_size: int
-    """P of the store: rows per partition."""
-    local_start: np.ndarray
-    """[len(partitions) + 1] int64, first local id of each resident partition (and the total)."""
+    """P of the store: rows per partition (and per slot)."""
+    store_num_nodes: int
+    """N of the store."""
     slot_of: np.ndarray
-    """[num_partitions] int64, index of each store partition in `partitions`, -1 if absent."""
+    """[num_partitions] int64, slot of each store partition, -1 if not resident."""
+    cache_ids: np.ndarray
+    """[k] int64 store ids of the static cache (ascending; empty without a cache)."""
+    cache_start: int
+    """Local id of static-cache row 0 (``num_slots * P``)."""
     node_ids: torch.Tensor
-    """[num_nodes] int64, store id of each local node."""
+    """[num_nodes] int64, store id of each local row, -1 where the row is vacant."""
     indptr: torch.Tensor
     """[num_nodes + 1] int64, CSC: the in-neighbours of local node v are
     ``indices[indptr[v]:indptr[v + 1]]``."""
@@ -43,40 +75,60 @@ class ResidentGraph:
     rel: torch.Tensor | None
     """[num_edges] int64 relation of each edge (aligned with ``indices``), or None."""
     features: torch.Tensor | None
-    """[num_nodes, D] feature rows of the local nodes, or None."""
+    """[num_nodes, D] feature rows by local id (vacant rows hold stale data), or None."""
     labels: torch.Tensor | None
-    """[num_nodes] int64 labels (-1 unlabeled), or None."""
+    """[num_nodes] int32 labels by local id (-1 unlabeled), or None."""
+    embeddings: torch.Tensor | None = None
+    """[cache_start, 2, d] float32 learnable embedding (``[:, 0]``) and optimizer state
+    (``[:, 1]``) by local id, or None. Updates are written back to the store."""
 
     @property
     def num_nodes(self) -> int:
-        return int(self.local_start[-1])
+        """Local id space: every slot row and cache row, vacant ones included."""
+        return int(self.node_ids.shape[0])
 
     @property
     def num_edges(self) -> int:
         return int(self.indices.shape[0])
 
+    def local_range(self, k: int) -> tuple[int, int]:
+        """Local ids ``[start, stop)`` of resident partition k's rows."""
+        z = int(self.slot_of[k]) if 0 <= k < len(self.slot_of) else -1
+        if z < 0:
+            raise ConfigError(f"partition {k} is not resident (resident: {sorted(self.partitions)})")
+        P = self.partition_size
+        return z * P, z * P + min(P, self.store_num_nodes - k * P)
+
+    def __repr__(self) -> str:
+        return (f"<ResidentGraph partitions={list(self.partitions)} slots={list(self.slots)} "
+                f"cache={self.cache_ids.size} nodes={self.num_nodes} edges={self.num_edges}>")
+
     def to_local(self, store_ids: torch.Tensor | np.ndarray) -> torch.Tensor:
-        """[n] int64 local id of each store id, -1 where its partition is not resident."""
-        ids = torch.as_tensor(np.asarray(store_ids), dtype=torch.int64)
-        part = ids // self.partition_size
-        if len(ids) and (ids.min() < 0 or part.max() >= len(self.slot_of)):
-            raise ConfigError(f"store ids must be in [0, {len(self.slot_of) * self.partition_size})")
-        slot = torch.from_numpy(self.slot_of)[part]
-        starts = torch.from_numpy(self.local_start)
-        local = starts[slot.clamp(min=0)] + ids - part * self.partition_size
-        return torch.where(slot >= 0, local, torch.full_like(local, -1))
+        """[n] int64 local id of each store id, -1 where it is neither resident nor cached."""
+        ids = np.asarray(store_ids).astype(np.int64, copy=False)
+        P = self.partition_size
+        if ids.size and (ids.min() < 0 or ids.max() >= len(self.slot_of) * P):
+            raise ConfigError(f"store ids must be in [0, {len(self.slot_of) * P})")
+        return torch.from_numpy(_local_ids(ids, self.slot_of, P, self.cache_ids, self.cache_start))
 
 
-Bucket = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
-"""One edge bucket as `Store.read_bucket` returns it: ``(src, dst, rel)``, [m] store ids each."""
+def fill_cache_rows(memory: BufferMemory, cache: StaticCache) -> None:
+    """Copy the cache's feature rows and labels into the buffer's cache rows."""
+    if memory.cache_rows != cache.num_nodes:
+        raise ConfigError(f"the buffer has {memory.cache_rows} cache rows for a cache of {cache.num_nodes} nodes")
+    rows = slice(memory.cache_start, memory.cache_start + cache.num_nodes)
+    if memory.features is not None and cache.features is not None:
+        memory.features[rows] = torch.from_numpy(cache.features)
+    if memory.labels is not None and cache.labels is not None:
+        memory.labels[rows] = torch.from_numpy(cache.labels)
 
 
-def build_resident_graph(store: Store, partitions: Sequence[int], *, with_features: bool = True) -> ResidentGraph:
-    """Read ``partitions`` and every bucket among them from ``store`` into a `ResidentGraph`.
+def build_resident_graph(store: Store, partitions: Sequence[int], *, with_features: bool = True,
+                         static_cache: StaticCache | None = None) -> ResidentGraph:
+    """Read ``partitions`` (slot s = position s) and every bucket among them from ``store``.
 
-    Edge buckets (i, j) for resident i and j are exactly the edges of the subgraph the
-    resident nodes induce; they become a CSC over local ids (sources sorted within each
-    destination, as the store keeps them).
+    The direct, unbuffered build: a reference for `BufferManager` and a convenience for
+    graphs that fit in memory.
 
     Raises
     ------
@@ -84,13 +136,21 @@ def build_resident_graph(store: Store, partitions: Sequence[int], *, with_featur
         An unknown or repeated partition id.
     """
     parts = _check_partitions(store, partitions)
+    cache_rows = 0 if static_cache is None else static_cache.num_nodes
+    memory = BufferMemory.allocate(store, len(parts), with_features=with_features, cache_rows=cache_rows,
+                                   pin=False)
+    for z, k in enumerate(parts):
+        start, stop = store.partition_range(k)
+        rows = memory.slot_rows(z, stop - start)
+        if memory.features is not None:
+            memory.features[rows] = torch.from_numpy(store.read_features(k))
+        if memory.labels is not None:
+            memory.labels[rows] = torch.from_numpy(store.read_labels(k))
+    if static_cache is not None:
+        fill_cache_rows(memory, static_cache)
     buckets = {(i, j): store.read_bucket(i, j) for j in parts for i in parts}
-    features = labels = None
-    if with_features and store.manifest.has_features:
-        features = {k: store.read_features(k) for k in parts}
-    if store.manifest.has_labels:
-        labels = {k: store.read_labels(k) for k in parts}
-    return assemble_resident_graph(store, parts, buckets=buckets, features=features, labels=labels)
+    return assemble_resident_graph(store, parts, tuple(range(len(parts))), memory=memory, buckets=buckets,
+                                   static_cache=static_cache)
 
 
 def _check_partitions(store: Store, partitions: Sequence[int]) -> tuple[int, ...]:
@@ -105,90 +165,101 @@ def _check_partitions(store: Store, partitions: Sequence[int]) -> tuple[int, ...
 def assemble_resident_graph(
     store: Store,
     partitions: Sequence[int],
+    slots: Sequence[int],
     *,
+    memory: BufferMemory,
     buckets: Mapping[tuple[int, int], Bucket],
-    features: Mapping[int, np.ndarray] | None,
-    labels: Mapping[int, np.ndarray] | None,
+    static_cache: StaticCache | None = None,
 ) -> ResidentGraph:
-    """Build the `ResidentGraph` of ``partitions`` from rows and buckets already read.
+    """Build the `ResidentGraph` of ``partitions`` held in ``slots`` of ``memory``.
 
-    Touches only ``store``'s metadata (sizes, dtypes), never its arrays, so a loader thread
-    can do the IO and the assembly can run wherever is convenient. The result is
-    identical to `build_resident_graph` given the same data.
+    Touches only ``store``'s metadata, never its arrays: the rows are already in
+    ``memory`` and the buckets given, so the assembly can run in the loader thread.
 
     Parameters
     ----------
     store : Store
-        The store the data came from (for partition sizes and dtypes).
-    partitions : sequence of int
-        Resident partition ids, in local-id order.
+        The store the data came from (sizes, dtypes).
+    partitions, slots : sequence of int
+        Resident partition ids and the slot holding each.
+    memory : BufferMemory
+        Slot tensors (features, labels, embeddings become the graph's, uncopied).
     buckets : mapping (i, j) -> (src, dst, rel)
         Every bucket among ``partitions``: [m] store ids each, ``rel`` [m] or None.
-    features : mapping k -> [P_k, D] array, or None
-        Feature rows of each partition (None: no features in the result).
-    labels : mapping k -> [P_k] int32 array, or None
-        Labels of each partition (None: no labels in the result).
+    static_cache : StaticCache, optional
+        Cache nodes and edges (their rows must be in ``memory``'s cache rows).
 
     Raises
     ------
     ConfigError
-        An unknown or repeated partition id.
+        An unknown or repeated partition id, or a slot out of range.
     KeyError
-        A bucket, feature or label block of a resident partition is missing.
+        A bucket among the resident partitions is missing.
     """
     parts = _check_partitions(store, partitions)
+    slots = tuple(int(z) for z in slots)
+    if len(slots) != len(parts) or len(set(slots)) != len(slots) or any(not 0 <= z < memory.num_slots for z in slots):
+        raise ConfigError(f"slots {list(slots)} do not fit partitions {list(parts)} in {memory.num_slots} slots")
     P = store.partition_size
-    ranges = [store.partition_range(k) for k in parts]
-    local_start = np.concatenate([[0], np.cumsum([stop - start for start, stop in ranges], dtype=np.int64)])
-    node_ids = np.concatenate([np.zeros(0, np.int64)] + [np.arange(start, stop) for start, stop in ranges])
+    cache_ids = _NO_CACHE if static_cache is None else static_cache.ids
     slot_of = np.full(store.num_partitions, -1, dtype=np.int64)
-    slot_of[list(parts)] = np.arange(len(parts))
+    slot_of[list(parts)] = slots
+    num_nodes = memory.cache_start + cache_ids.size
+    node_ids = np.full(num_nodes, -1, dtype=np.int64)
+    for k, z in zip(parts, slots):
+        start, stop = store.partition_range(k)
+        node_ids[z * P:z * P + stop - start] = np.arange(start, stop)
+    if cache_ids.size:
+        uncovered = slot_of[cache_ids // P] < 0
+        node_ids[memory.cache_start:][uncovered] = cache_ids[uncovered]
 
     def local(ids: np.ndarray) -> np.ndarray:
-        ids = ids.astype(np.int64, copy=False)
-        part = ids // P
-        return local_start[slot_of[part]] + ids - part * P
+        return _local_ids(ids, slot_of, P, cache_ids, memory.cache_start)
 
     src_parts, dst_parts, rel_parts = [], [], []
-    for j in parts:
-        # Buckets (i, j) for all i lie side by side; read the resident ones.
-        for i in parts:
+    by_slot = [k for _, k in sorted(zip(slots, parts))]
+    for j in by_slot:
+        for i in by_slot:
             s, d, r = buckets[(i, j)]
             src_parts.append(local(s))
             dst_parts.append(local(d))
             if r is not None:
                 rel_parts.append(r.astype(np.int64))
+    if static_cache is not None and static_cache.src.size:
+        ls, ld = local(static_cache.src), local(static_cache.dst)
+        # Edges between two resident partitions came with their bucket already.
+        in_buckets = (slot_of[static_cache.src // P] >= 0) & (slot_of[static_cache.dst // P] >= 0)
+        keep = (ls >= 0) & (ld >= 0) & ~in_buckets
+        src_parts.append(ls[keep])
+        dst_parts.append(ld[keep])
+        if static_cache.rel is not None:
+            rel_parts.append(static_cache.rel[keep])
     empty = np.zeros(0, np.int64)
     src = np.concatenate([empty, *src_parts])
     dst = np.concatenate([empty, *dst_parts])
     rel = np.concatenate([empty, *rel_parts]) if store.manifest.has_relations else None
-    # Group by destination; within a destination keep ascending source. The concatenation
-    # already has it: buckets of one j come in state order of i, which is local-id order,
-    # and each bucket is sorted by (dst, src) in the store. So a stable sort by dst alone
-    # gives the (dst, src) order, and timsort only merges those sorted runs (several times
-    # faster than a lexsort on millions of edges).
+    # Group by destination. Buckets come in slot order of j, then i, each sorted by
+    # (dst, src) in the store, so a stable sort by dst alone leaves bucket edges in
+    # ascending source order within a destination (timsort merges the sorted runs, several
+    # times faster than a lexsort); cache edges follow them.
     order = np.argsort(dst, kind="stable")
     src, dst = src[order], dst[order]
     rel = None if rel is None else rel[order]
-    indptr = np.zeros(int(local_start[-1]) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst, minlength=int(local_start[-1])), out=indptr[1:])
-
-    if features is not None:
-        dtype = np.dtype(store.manifest.feature_dtype)
-        rows = [np.zeros((0, store.feature_dim), dtype)] + [features[k] for k in parts]
-        features = torch.from_numpy(np.concatenate(rows))
-    if labels is not None:
-        rows = [np.zeros(0, np.int32)] + [labels[k] for k in parts]
-        labels = torch.from_numpy(np.concatenate(rows).astype(np.int64))
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=num_nodes), out=indptr[1:])
     return ResidentGraph(
         partitions=parts,
+        slots=slots,
         partition_size=P,
-        local_start=local_start,
+        store_num_nodes=store.num_nodes,
         slot_of=slot_of,
-        node_ids=torch.from_numpy(node_ids.astype(np.int64)),
+        cache_ids=cache_ids,
+        cache_start=memory.cache_start,
+        node_ids=torch.from_numpy(node_ids),
         indptr=torch.from_numpy(indptr),
         indices=torch.from_numpy(src),
         rel=None if rel is None else torch.from_numpy(rel),
-        features=features,
-        labels=labels,
+        features=memory.features,
+        labels=memory.labels,
+        embeddings=memory.embeddings,
     )

@@ -205,6 +205,15 @@ class Store:
         """The lazy Zarr array ``name`` (e.g. ``"nodes/features"``); nothing is read yet."""
         return self._array(name)
 
+    def read_rows(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``[start, stop)`` of array ``name``, into ``out`` when given (same shape and
+        dtype); the buffer's single read path, so it can be measured and replaced."""
+        rows = self._array(name)[start:stop]
+        if out is None:
+            return rows
+        out[...] = rows
+        return out
+
     @property
     def features(self) -> zarr.Array | None:
         """[N, D] lazy features, or None."""

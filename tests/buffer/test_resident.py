@@ -10,9 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import graphstore
+from graphstore.buffer import StaticCache, static_cache_ids
 from graphstore.buffer.resident import build_resident_graph
 from graphstore.errors import ConfigError
 from graphstore.layout._convert import ConvertOptions, convert
+from tests.buffer.helpers import canonical, induced_edges
 from tests.conftest import make_graph
 
 P = 7  # partitions
@@ -26,40 +28,64 @@ def store(tmp_path_factory):
     return graphstore.open(path)
 
 
-def induced_edges(store, resident_nodes):
-    src = store.array("edges/src")[...].astype(np.int64)
-    dst = store.array("edges/dst")[...].astype(np.int64)
-    rel = store.array("edges/rel")[...].astype(np.int64)
-    keep = np.isin(src, resident_nodes) & np.isin(dst, resident_nodes)
-    return sorted(zip(src[keep].tolist(), dst[keep].tolist(), rel[keep].tolist()))
-
-
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(0, P - 1), min_size=0, max_size=P, unique=True))
 def test_resident_graph_is_the_induced_subgraph(store, partitions):
     g = build_resident_graph(store, partitions)
-    node_ids = g.node_ids.numpy()
-    expected_nodes = np.concatenate([[]] + [np.arange(*store.partition_range(k)) for k in partitions])
-    np.testing.assert_array_equal(node_ids, expected_nodes)
-    # CSC back to (src, dst) in store ids.
-    dst_local = np.repeat(np.arange(g.num_nodes), np.diff(g.indptr.numpy()))
-    got = sorted(zip(node_ids[g.indices.numpy()].tolist(), node_ids[dst_local].tolist(), g.rel.numpy().tolist()))
-    assert got == induced_edges(store, node_ids)
-    # Within each destination, sources ascend (local order follows the state's partition order).
+    nodes, edges, features, labels = canonical(g)
+    expected_nodes = np.sort(np.concatenate([[]] + [np.arange(*store.partition_range(k)) for k in partitions]))
+    np.testing.assert_array_equal(nodes, expected_nodes)
+    assert edges == induced_edges(store, nodes)
+    # Within each destination, bucket edges come with ascending sources.
     for v in range(g.num_nodes):
         seg = g.indices[g.indptr[v] : g.indptr[v + 1]]
         assert bool((seg[1:] >= seg[:-1]).all())
-    np.testing.assert_array_equal(g.features.numpy(), store.features[...][node_ids])
-    np.testing.assert_array_equal(g.labels.numpy(), store.labels[...][node_ids])
+    np.testing.assert_array_equal(features, store.features[...][nodes])
+    np.testing.assert_array_equal(labels, store.labels[...][nodes])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, P - 1), min_size=0, max_size=P, unique=True), st.sampled_from([0.0, 0.05, 0.3]))
+def test_with_a_static_cache_it_is_the_subgraph_induced_with_the_cache(store, partitions, fraction):
+    """HierBatching: resident partitions plus the top-degree nodes, their rows and edges."""
+    ids = static_cache_ids(store.read_degree("in") + store.read_degree("out"), fraction)
+    cache = StaticCache.load(store, ids)
+    g = build_resident_graph(store, partitions, static_cache=cache)
+    nodes, edges, features, labels = canonical(g)
+    resident = np.concatenate([[]] + [np.arange(*store.partition_range(k)) for k in partitions])
+    expected_nodes = np.union1d(resident, ids)
+    np.testing.assert_array_equal(nodes, expected_nodes)
+    assert edges == induced_edges(store, expected_nodes)
+    np.testing.assert_array_equal(features, store.features[...][nodes])
+    np.testing.assert_array_equal(labels, store.labels[...][nodes])
+
+
+def test_static_cache_holds_the_edges_of_its_nodes(store):
+    degree = store.read_degree("in") + store.read_degree("out")
+    ids = static_cache_ids(degree, 0.1)
+    cache = StaticCache.load(store, ids)
+    src = store.array("edges/src")[...].astype(np.int64)
+    dst = store.array("edges/dst")[...].astype(np.int64)
+    touch = np.isin(src, ids) | np.isin(dst, ids)
+    assert sorted(zip(cache.src.tolist(), cache.dst.tolist())) == sorted(zip(src[touch].tolist(), dst[touch].tolist()))
+    np.testing.assert_array_equal(cache.features, store.features[...][ids])
+    assert cache.bytes_read > 0
+    with pytest.raises(ConfigError, match="static cache ids"):
+        StaticCache.load(store, [store.num_nodes])
 
 
 def test_id_maps(store):
     g = build_resident_graph(store, [5, 1, 3])
-    local = g.to_local(g.node_ids)
-    assert torch.equal(local, torch.arange(g.num_nodes))
+    assert g.slots == (0, 1, 2)
+    valid = torch.nonzero(g.node_ids >= 0).flatten()
+    assert torch.equal(g.to_local(g.node_ids[valid]), valid)
     absent = torch.arange(*store.partition_range(0))
     assert bool((g.to_local(absent) == -1).all())
-    assert g.local_start.tolist()[:2] == [0, store.partition_range(5)[1] - store.partition_range(5)[0]]
+    start, stop = store.partition_range(5)
+    assert g.local_range(5) == (0, stop - start) and g.local_range(1) == (store.partition_size, 2 * store.partition_size)
+    assert torch.equal(g.node_ids[slice(*g.local_range(5))], torch.arange(start, stop))
+    with pytest.raises(ConfigError, match="partition 0 is not resident"):
+        g.local_range(0)
     with pytest.raises(ConfigError, match="store ids must be in"):
         g.to_local(torch.tensor([store.num_partitions * store.partition_size]))
 

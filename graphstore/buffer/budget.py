@@ -1,0 +1,123 @@
+"""Buffer capacity from a byte budget (``--buffer-bytes``).
+
+A user knows how much memory the buffer may take, not how many partitions that is. What a
+`BufferManager` holds for a plan, counted exactly from the store's metadata:
+
+- the slots (`BufferMemory`): ``slots_needed`` partitions of rows (features, int32 labels,
+  float32 embedding + optimizer state), which with prefetch covers two consecutive states;
+- the static cache: its rows, and its edges (three int64 arrays);
+- the edge buckets held (source dtype src + dst (+ int32 rel)) and the two assembled
+  graphs alive at once (the one trained and the one ready): int64 ``indices`` (+ ``rel``)
+  per edge, int64 ``indptr`` and ``node_ids`` per local row.
+
+`capacity_for_budget` plans epoch 0 for each candidate capacity and returns the largest
+whose plan fits; other epochs of a randomised policy differ only in which partitions meet,
+so their footprint varies by the bucket sizes (a margin the caller may leave).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from graphstore.buffer.memory import slots_needed
+from graphstore.buffer.policies import plan_epoch
+from graphstore.errors import ConfigError
+from graphstore.layout.store import Store
+
+__all__ = ["BufferFootprint", "capacity_for_budget", "footprint"]
+
+
+@dataclass(frozen=True, slots=True)
+class BufferFootprint:
+    """Bytes a buffer holds for a plan, by part."""
+
+    slots: int
+    slot_bytes: int
+    cache_bytes: int
+    edge_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.slot_bytes + self.cache_bytes + self.edge_bytes
+
+
+def footprint(store: Store, states: Sequence[Sequence[int]], *, prefetch: bool = True, with_features: bool = True,
+              embedding_dim: int = 0, cache_nodes: int = 0, cache_edges: int = 0) -> BufferFootprint:
+    """What a `BufferManager` over ``states`` holds at its peak (see the module docstring)."""
+    m, P, p = store.manifest, store.partition_size, store.num_partitions
+    row = 4 * m.has_labels + 8 * embedding_dim
+    if with_features and m.has_features:
+        row += m.feature_dim * np.dtype(m.feature_dtype).itemsize
+    slots = slots_needed(states, prefetch=prefetch)
+    cache_row = row - 8 * embedding_dim
+    cache_bytes = cache_nodes * cache_row + cache_edges * 3 * 8
+    sizes = np.diff(store.bucket_offsets).reshape(p, p)  # sizes[j, i]: bucket (i, j)
+    raw_edge = 2 * np.dtype(m.index_dtype).itemsize + 4 * m.has_relations
+    graph_edge = 8 + 8 * m.has_relations
+    local_rows = slots * P + cache_nodes
+
+    def edges(parts: set[int]) -> int:
+        idx = np.fromiter(parts, np.int64)
+        return int(sizes[np.ix_(idx, idx)].sum())
+
+    states = [set(s) for s in states]
+    peak = 0
+    pairs = zip(states, states[1:] + [set()]) if prefetch else ((s, set()) for s in states)
+    for now, after in pairs:
+        held = edges(now | after) * raw_edge
+        graphs = (edges(now) + edges(after)) * graph_edge + (2 if after else 1) * local_rows * 16
+        peak = max(peak, held + graphs + cache_edges * graph_edge * 2)
+    return BufferFootprint(slots, slots * P * row, cache_bytes, peak)
+
+
+def capacity_for_budget(store: Store, budget_bytes: int, policy: str, *, prefetch: bool = True,
+                        with_features: bool = True, embedding_dim: int = 0, cache_nodes: int = 0,
+                        cache_edges: int = 0, seed: int = 0, **options: Any) -> tuple[int, BufferFootprint]:
+    """The largest capacity c whose epoch-0 plan fits in ``budget_bytes``, and its footprint.
+
+    Raises
+    ------
+    ConfigError
+        The budget is below what the smallest capacity the policy accepts needs (the
+        message gives that capacity and its bytes).
+
+    Examples
+    --------
+    A budget is met by a plan's footprint, e.g. ``capacity_for_budget(store, 2 << 30,
+    "comet")`` on a store of 16 partitions might return ``(6, BufferFootprint(...))``.
+    """
+    budget = int(budget_bytes)
+    if budget <= 0:
+        raise ConfigError(f"buffer bytes must be positive (got {budget_bytes})")
+    p = store.num_partitions
+    cache = dict(cache_nodes=cache_nodes, cache_edges=cache_edges)
+
+    def need(c: int) -> BufferFootprint | None:
+        try:
+            plan = plan_epoch(policy, num_partitions=p, capacity=c, epoch=0, seed=seed, **options)
+        except ConfigError:
+            return None  # too small for the policy
+        return footprint(store, plan.states, prefetch=prefetch, with_features=with_features,
+                         embedding_dim=embedding_dim, **cache)
+
+    smallest = next(((c, f) for c in range(1, p + 1) if (f := need(c)) is not None), None)
+    if smallest is None:
+        raise ConfigError(f"policy {policy!r} accepts no capacity for {p} partitions")
+    c_min, f_min = smallest
+    if f_min.total > budget:
+        raise ConfigError(f"buffer budget {budget:,} bytes is below the {f_min.total:,} bytes that policy "
+                          f"{policy!r} needs at its smallest capacity {c_min} ({f_min.slots} slots of "
+                          f"{store.partition_size} rows with prefetch={prefetch})")
+    lo, hi, best = c_min, p, f_min  # footprints grow with c: binary search the largest that fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        f = need(mid)
+        if f is not None and f.total <= budget:
+            lo, best = mid, f
+        else:
+            hi = mid - 1
+    return lo, best
