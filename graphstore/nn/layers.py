@@ -1,0 +1,440 @@
+"""GNN layers on a `DENSE` layer (or a reference `Block`), and a multi-layer `GNN` stack.
+
+Every layer's ``forward(h, layer, ...)`` takes the layer input ``h``, float
+[num_inputs, in_dim], and a `DenseLayer` (``dense.layer(k)``), a `Block` or a `LayerView`,
+and returns float [num_outputs, out_dim] (GAT with ``concat``: [num_outputs, heads *
+out_dim]). Aggregation is ``index_select`` of the neighbours' rows and a segment sum
+(``index_add_``); no Python loop runs over nodes.
+
+Notation: for output node ``v``, ``S(v)`` is its sampled neighbour multiset (the rows
+``nbr_index`` of its segment; with all-neighbour fanouts, its in-neighbours), ``h_v`` its
+own input row ``h[self_rows]``.
+
+* `SAGEConv`, mean aggregator (DGL ``SAGEConv(aggregator_type="mean")``):
+  ``W_self h_v + W_nbr mean_{u in S(v)} h_u + b``; the mean of an empty sample is 0.
+* `GCNConv`, symmetric normalisation with a self loop (Kipf and Welling):
+  ``sum_{u in S(v) + {v}} W h_u / sqrt((d_v + 1)(d_u + 1)) + b``, where ``d_x`` is the
+  degree of ``x``; see `GCNConv` for which degrees are used when sampling.
+* `GATConv` (Velickovic et al., DGL ``GATConv``): per head, ``alpha_vu = softmax_u
+  LeakyReLU(a_src . W h_u + a_dst . W h_v)`` over ``S(v)`` and the self loop ``v``, then
+  ``sum_u alpha_vu W h_u``; heads concatenated or averaged, then ``+ b``.
+* `GINConv` (Xu et al.): ``MLP((1 + eps) h_v + sum_{u in S(v)} h_u)``, ``eps`` fixed or learnt.
+* `RGCNConv` (Schlichtkrull et al.), basis decomposition ``W_r = sum_b a_rb V_b``:
+  ``W_0 h_v + sum_r mean_{u in S_r(v)} W_r h_u + b``, a mean per relation (``c_vr =
+  |S_r(v)|``, the paper's normalisation), relations given per edge.
+
+Examples
+--------
+>>> from graphstore.sample import CSCGraph, sample_dense
+>>> g = CSCGraph.from_edges(torch.tensor([1, 2, 3, 0]), torch.tensor([0, 0, 1, 2]), num_nodes=4)
+>>> dense = sample_dense(g, torch.tensor([0, 1]), (-1, -1))
+>>> model = GNN("sage", in_dim=3, hidden_dim=8, out_dim=2, num_layers=2)
+>>> model(torch.randn(dense.num_nodes, 3), dense).shape                # the targets' rows
+torch.Size([2, 2])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from graphstore.errors import ConfigError
+from graphstore.nn.base import LayerView, layer_view, segment_mean, segment_softmax, segment_sum
+from graphstore.sample.base import DENSE, DenseLayer
+from graphstore.sample.reference import Block
+
+__all__ = ["LAYERS", "GATConv", "GCNConv", "GINConv", "GNN", "RGCNConv", "SAGEConv", "layer_degrees"]
+
+Layer = DenseLayer | Block | LayerView
+
+
+def _check_input(h: torch.Tensor, view: LayerView) -> None:
+    if h.dim() != 2 or h.shape[0] != view.num_inputs:
+        raise ConfigError(f"layer input must have shape [{view.num_inputs}, D] (one row per input node; "
+                          f"got {list(h.shape)})")
+
+
+class SAGEConv(nn.Module):
+    """GraphSAGE with the mean aggregator: ``W_self h_v + W_nbr mean_{u in S(v)} h_u + b``.
+
+    Parameters
+    ----------
+    in_dim, out_dim : int
+        Input and output widths.
+    bias : bool
+        Add a learnable bias ``b``.
+
+    Shapes: ``h`` float [num_inputs, in_dim] -> float [num_outputs, out_dim].
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, *, bias: bool = True) -> None:
+        super().__init__()
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.fc_self = nn.Linear(in_dim, out_dim, bias=bias)
+        self.fc_nbr = nn.Linear(in_dim, out_dim, bias=False)
+
+    def forward(self, h: torch.Tensor, layer: Layer) -> torch.Tensor:
+        view = layer_view(layer)
+        _check_input(h, view)
+        if self.in_dim > self.out_dim:
+            # The mean is linear: project first when that shrinks the rows to gather (DGL does too).
+            # Only rows someone reads are projected, which is all of them in a DENSE layer.
+            nbr = self.fc_nbr(h).index_select(0, view.nbr_index)
+            agg = segment_mean(nbr, view.segment, view.nbr_counts)
+        else:
+            agg = self.fc_nbr(segment_mean(h.index_select(0, view.nbr_index), view.segment, view.nbr_counts))
+        return self.fc_self(h[view.self_rows]) + agg
+
+
+class GCNConv(nn.Module):
+    """GCN: ``sum_{u in S(v) + {v}} W h_u / sqrt((d_v + 1)(d_u + 1)) + b``.
+
+    Degrees. ``d_x`` counts the in-neighbours of ``x`` (no self loop; the ``+ 1`` is the self
+    loop). ``forward`` takes them as ``degrees`` [num_inputs], one per input row, and uses
+    ``degrees[self_rows]`` for the output nodes: pass the graph's in-degrees to get the
+    full-graph GCN exactly when every neighbour is sampled. `GNN` passes, by default, the
+    *sampled* counts (a node's sample size, its in-degree when its fanout covers it; 0 for a
+    node reached at the last hop, which has no sample), the gcn_norm of the sampled subgraph
+    that PyG computes for a neighbour-sampled batch. Called without ``degrees``, the layer
+    uses its own output rows' sample sizes and 0 for the other input rows.
+
+    Shapes: ``h`` float [num_inputs, in_dim] -> float [num_outputs, out_dim].
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, *, bias: bool = True) -> None:
+        super().__init__()
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.fc = nn.Linear(in_dim, out_dim, bias=False)
+        self.bias = nn.Parameter(torch.zeros(out_dim)) if bias else None
+
+    def forward(self, h: torch.Tensor, layer: Layer, degrees: torch.Tensor | None = None) -> torch.Tensor:
+        view = layer_view(layer)
+        _check_input(h, view)
+        if degrees is None:
+            degrees = torch.zeros(view.num_inputs, dtype=view.nbr_counts.dtype, device=h.device)
+            degrees[view.self_rows] = view.nbr_counts
+        elif degrees.shape != (view.num_inputs,):
+            raise ConfigError(f"degrees must have shape [{view.num_inputs}] (one per input row; "
+                              f"got {list(degrees.shape)})")
+        norm = (degrees.to(h.dtype) + 1.0).rsqrt()                      # [num_inputs]
+        x = self.fc(h) if self.in_dim > self.out_dim else h
+        # Source-side factor first (per input row), destination-side factor after the sum.
+        x = x * norm[:, None]
+        agg = segment_sum(x.index_select(0, view.nbr_index), view.segment, view.num_outputs)
+        out = (agg + x[view.self_rows]) * norm[view.self_rows, None]
+        if self.in_dim <= self.out_dim:
+            out = self.fc(out)
+        return out if self.bias is None else out + self.bias
+
+
+class GATConv(nn.Module):
+    """Multi-head graph attention with a self loop and a max-shifted segment softmax.
+
+    Per head, ``e_vu = LeakyReLU(a_src . W h_u + a_dst . W h_v)`` for ``u`` in ``S(v)``
+    and ``u = v``; ``alpha_vu`` is its softmax over those; the head's output is
+    ``sum_u alpha_vu W h_u``. Heads are concatenated (``concat=True``, width ``heads *
+    out_dim``) or averaged (width ``out_dim``); ``b`` is added last.
+
+    Parameters
+    ----------
+    in_dim, out_dim : int
+        Input width and width per head.
+    heads : int
+        Number of attention heads.
+    concat : bool
+        Concatenate the heads (hidden layers) or average them (an output layer).
+    negative_slope : float
+        LeakyReLU slope of the attention logits.
+    attn_dropout : float
+        Dropout on the attention weights during training.
+    bias : bool
+        Add a learnable bias.
+
+    Shapes: ``h`` float [num_inputs, in_dim] -> float [num_outputs, heads * out_dim] or
+    [num_outputs, out_dim].
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, *, heads: int = 1, concat: bool = True,
+                 negative_slope: float = 0.2, attn_dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        if heads < 1:
+            raise ConfigError(f"heads must be at least 1 (got {heads})")
+        self.in_dim, self.out_dim, self.heads, self.concat = in_dim, out_dim, heads, concat
+        self.negative_slope, self.attn_dropout = negative_slope, attn_dropout
+        self.fc = nn.Linear(in_dim, heads * out_dim, bias=False)
+        self.attn_src = nn.Parameter(torch.empty(heads, out_dim))
+        self.attn_dst = nn.Parameter(torch.empty(heads, out_dim))
+        width = heads * out_dim if concat else out_dim
+        self.bias = nn.Parameter(torch.zeros(width)) if bias else None
+        gain = nn.init.calculate_gain("relu")
+        nn.init.xavier_normal_(self.fc.weight, gain=gain)
+        nn.init.xavier_normal_(self.attn_src, gain=gain)
+        nn.init.xavier_normal_(self.attn_dst, gain=gain)
+
+    def forward(self, h: torch.Tensor, layer: Layer) -> torch.Tensor:
+        view = layer_view(layer)
+        _check_input(h, view)
+        x = self.fc(h).view(-1, self.heads, self.out_dim)               # [num_inputs, H, F]
+        score_src = (x * self.attn_src).sum(-1)                          # [num_inputs, H]
+        x_self = x[view.self_rows]
+        score_dst = (x_self * self.attn_dst).sum(-1)                     # [num_outputs, H]
+        logits = F.leaky_relu(score_src.index_select(0, view.nbr_index)
+                              + score_dst.index_select(0, view.segment), self.negative_slope)
+        self_logits = F.leaky_relu(score_src[view.self_rows] + score_dst, self.negative_slope)
+        alpha, alpha_self = segment_softmax(logits, view.segment, self_logits)
+        if self.training and self.attn_dropout > 0:
+            alpha = F.dropout(alpha, self.attn_dropout)
+            alpha_self = F.dropout(alpha_self, self.attn_dropout)
+        msg = x.index_select(0, view.nbr_index) * alpha[..., None]
+        out = segment_sum(msg, view.segment, view.num_outputs)
+        out = out + x_self * alpha_self[..., None]
+        out = out.reshape(view.num_outputs, -1) if self.concat else out.mean(1)
+        return out if self.bias is None else out + self.bias
+
+
+class GINConv(nn.Module):
+    """GIN: ``MLP((1 + eps) h_v + sum_{u in S(v)} h_u)``.
+
+    Parameters
+    ----------
+    in_dim, out_dim : int
+        Input and output widths; the MLP is ``Linear(in, out) -> ReLU -> Linear(out, out)``
+        unless ``mlp`` is given.
+    eps : float
+        Initial (or fixed) ``eps``.
+    learn_eps : bool
+        Make ``eps`` a parameter.
+    mlp : nn.Module, optional
+        Replaces the default MLP; maps [*, in_dim] to [*, out_dim].
+
+    Shapes: ``h`` float [num_inputs, in_dim] -> float [num_outputs, out_dim].
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, *, eps: float = 0.0, learn_eps: bool = False,
+                 mlp: nn.Module | None = None) -> None:
+        super().__init__()
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.mlp = mlp if mlp is not None else nn.Sequential(
+            nn.Linear(in_dim, out_dim), nn.ReLU(), nn.Linear(out_dim, out_dim))
+        if learn_eps:
+            self.eps = nn.Parameter(torch.tensor([float(eps)]))
+        else:
+            self.register_buffer("eps", torch.tensor([float(eps)]))
+
+    def forward(self, h: torch.Tensor, layer: Layer) -> torch.Tensor:
+        view = layer_view(layer)
+        _check_input(h, view)
+        agg = segment_sum(h.index_select(0, view.nbr_index), view.segment, view.num_outputs)
+        return self.mlp((1 + self.eps) * h[view.self_rows] + agg)
+
+
+class RGCNConv(nn.Module):
+    """Relational GCN with basis decomposition and a mean per relation.
+
+    ``W_0 h_v + sum_r (1 / |S_r(v)|) sum_{u in S_r(v)} W_r h_u + b`` where ``S_r(v)`` are
+    the sampled neighbours reached through an edge of relation ``r`` and ``W_r = sum_b
+    a_rb V_b`` (``num_bases`` bases; ``None`` learns each ``W_r`` directly).
+
+    Parameters
+    ----------
+    in_dim, out_dim : int
+        Input and output widths.
+    num_relations : int
+        Relation types; ``edge_type`` values are in ``[0, num_relations)``.
+    num_bases : int, optional
+        Number of bases ``B``; default: one weight per relation, no decomposition.
+    bias : bool
+        Add a learnable bias.
+
+    Shapes: ``h`` float [num_inputs, in_dim], ``edge_type`` int64 [E] (aligned with the
+    layer's ``nbr_index``) -> float [num_outputs, out_dim].
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, *, num_relations: int, num_bases: int | None = None,
+                 bias: bool = True) -> None:
+        super().__init__()
+        if num_relations < 1:
+            raise ConfigError(f"num_relations must be at least 1 (got {num_relations})")
+        if num_bases is not None and num_bases < 1:
+            raise ConfigError(f"num_bases must be at least 1 or None (got {num_bases})")
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.num_relations, self.num_bases = num_relations, num_bases
+        num_weights = num_relations if num_bases is None else num_bases
+        self.basis = nn.Parameter(torch.empty(num_weights, in_dim, out_dim))
+        self.coeff = None if num_bases is None else nn.Parameter(torch.empty(num_relations, num_bases))
+        self.fc_self = nn.Linear(in_dim, out_dim, bias=bias)
+        nn.init.xavier_uniform_(self.basis, gain=nn.init.calculate_gain("relu"))
+        if self.coeff is not None:
+            nn.init.xavier_uniform_(self.coeff)
+
+    def forward(self, h: torch.Tensor, layer: Layer, edge_type: torch.Tensor) -> torch.Tensor:
+        view = layer_view(layer)
+        _check_input(h, view)
+        if edge_type.shape != view.nbr_index.shape:
+            raise ConfigError(f"edge_type must have one relation per sampled edge, shape "
+                              f"[{view.nbr_index.numel()}] (got {list(edge_type.shape)})")
+        num_weights = self.basis.shape[0]
+        # Project every input row by every basis once ([n, B, out]) instead of every edge
+        # by its own W_r: the edges then only gather and mix rows.
+        proj = torch.einsum("ni,bio->nbo", h, self.basis)
+        if self.coeff is None:
+            flat = proj.reshape(-1, self.out_dim)
+            msg = flat.index_select(0, view.nbr_index * num_weights + edge_type)
+        else:
+            msg = torch.einsum("ebo,eb->eo", proj.index_select(0, view.nbr_index),
+                               self.coeff.index_select(0, edge_type))
+        # Mean per (output node, relation): divide each edge by its group's size.
+        group = view.segment * self.num_relations + edge_type
+        size = torch.bincount(group, minlength=view.num_outputs * self.num_relations)
+        msg = msg / size.index_select(0, group).to(msg.dtype)[:, None]
+        return self.fc_self(h[view.self_rows]) + segment_sum(msg, view.segment, view.num_outputs)
+
+
+LAYERS = ("gat", "gcn", "gin", "rgcn", "sage")
+"""The layer kinds `GNN` builds."""
+
+
+def layer_degrees(structure: DENSE | Sequence[Block]) -> list[torch.Tensor]:
+    """Sampled in-degree of every input row of every layer: int64 tensors [num_inputs_k].
+
+    A node's degree is its sample size (0 for nodes reached at the last hop, which have no
+    sample); for blocks, a node's size in the block where it is a dst node (the next block
+    outward), and for the dst nodes the layer's own block. `GNN` feeds these to `GCNConv`
+    when no degrees are given.
+    """
+    if isinstance(structure, DENSE):
+        off = structure.node_id_offsets.tolist()
+        # Only node_ids[off[1]:] have a sample; the outermost hop's nodes have none.
+        sampled = torch.cat([torch.zeros(off[1], dtype=torch.int64, device=structure.nbrs.device),
+                             structure.nbr_offsets.diff()])
+        return [sampled[off[k]:] for k in range(structure.num_layers)]
+    out = []
+    for k, block in enumerate(structure):
+        deg = torch.zeros(int(block.src_nodes.numel()), dtype=torch.int64, device=block.src_nodes.device)
+        if k > 0:
+            outer = structure[k - 1]
+            deg[:outer.num_dst] = torch.bincount(outer.edge_dst, minlength=outer.num_dst)
+        deg[:block.num_dst] = torch.bincount(block.edge_dst, minlength=block.num_dst)
+        out.append(deg)
+    return out
+
+
+class GNN(nn.Module):
+    """A stack of ``num_layers`` layers of one kind, with activation and dropout between them.
+
+    Parameters
+    ----------
+    kind : {"gat", "gcn", "gin", "rgcn", "sage"}
+        Layer type.
+    in_dim, hidden_dim, out_dim : int
+        Input, hidden and output widths (GAT: ``hidden_dim`` is the concatenation of the
+        heads, so it must be divisible by ``heads``; its last layer averages the heads).
+    num_layers : int
+        Layers; the structure passed to ``forward`` must have as many.
+    dropout : float
+        Dropout after each hidden layer's activation.
+    activation : callable
+        Between layers (not after the last).
+    heads : int
+        GAT heads.
+    num_relations, num_bases : int
+        RGCN relation types and bases (``num_bases=None``: no decomposition).
+    learn_eps : bool
+        GIN's learnable ``eps``.
+
+    Raises
+    ------
+    ConfigError
+        On an unknown kind or a bad size.
+    """
+
+    def __init__(self, kind: str, *, in_dim: int, hidden_dim: int, out_dim: int, num_layers: int,
+                 dropout: float = 0.0, activation: Callable[[torch.Tensor], torch.Tensor] = F.relu,
+                 heads: int = 1, num_relations: int = 1, num_bases: int | None = None,
+                 learn_eps: bool = False) -> None:
+        super().__init__()
+        if kind not in LAYERS:
+            raise ConfigError(f"unknown layer kind {kind!r}; known kinds: {', '.join(LAYERS)}")
+        if num_layers < 1:
+            raise ConfigError(f"num_layers must be at least 1 (got {num_layers})")
+        if kind == "gat" and num_layers > 1 and hidden_dim % heads:
+            raise ConfigError(f"GAT hidden_dim ({hidden_dim}) must be divisible by heads ({heads})")
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1) (got {dropout})")
+        self.kind, self.num_layers, self.dropout, self.activation = kind, num_layers, dropout, activation
+        dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [out_dim]
+        self.layers = nn.ModuleList()
+        for k in range(num_layers):
+            last = k == num_layers - 1
+            if kind == "sage":
+                layer = SAGEConv(dims[k], dims[k + 1])
+            elif kind == "gcn":
+                layer = GCNConv(dims[k], dims[k + 1])
+            elif kind == "gat":
+                per_head = dims[k + 1] if last else dims[k + 1] // heads
+                layer = GATConv(dims[k], per_head, heads=heads, concat=not last)
+            elif kind == "gin":
+                layer = GINConv(dims[k], dims[k + 1], learn_eps=learn_eps)
+            else:
+                layer = RGCNConv(dims[k], dims[k + 1], num_relations=num_relations, num_bases=num_bases)
+            self.layers.append(layer)
+
+    def forward(self, h: torch.Tensor, structure: DENSE | Sequence[Block], *,
+                edge_type: torch.Tensor | Sequence[torch.Tensor] | None = None,
+                degrees: torch.Tensor | None = None) -> torch.Tensor:
+        """Run every layer; returns the targets' rows, float [T, out_dim].
+
+        Parameters
+        ----------
+        h : float tensor [N, in_dim]
+            Input rows: in ``dense.node_ids`` order, or ``blocks[0].src_nodes`` order.
+        structure : DENSE or list of Block
+            Layer ``k`` reads ``dense.layer(k)`` or ``blocks[k]``.
+        edge_type : int64 tensor or sequence of them, RGCN only
+            Relation of each sampled edge: one tensor aligned with ``dense.nbrs`` (layer
+            ``k`` takes the suffix its ``repr_map[k]`` covers), or one tensor per layer
+            aligned with that layer's ``nbr_index`` / ``edge_src``.
+        degrees : int or float tensor [N], GCN only
+            In-degree of every node, in the order of ``h``; default the sampled sizes
+            (`layer_degrees`).
+
+        Raises
+        ------
+        ConfigError
+            On a structure with another number of layers, or a missing ``edge_type``.
+        """
+        if isinstance(structure, DENSE):
+            views = [layer_view(structure.layer(k)) for k in range(structure.num_layers)]
+        else:
+            views = [layer_view(b) for b in structure]
+        if len(views) != self.num_layers:
+            raise ConfigError(f"the model has {self.num_layers} layers but the sample has {len(views)} hops; "
+                              f"sample with {self.num_layers} fanouts")
+        if self.kind == "rgcn":
+            if edge_type is None:
+                raise ConfigError("an RGCN needs edge_type, the relation of every sampled edge")
+            if isinstance(edge_type, torch.Tensor):
+                edge_type = [edge_type[edge_type.numel() - v.nbr_index.numel():] for v in views]
+        if self.kind == "gcn":
+            if degrees is None:
+                per_layer = layer_degrees(structure)
+            elif isinstance(structure, DENSE):
+                per_layer = [degrees[degrees.numel() - v.num_inputs:] for v in views]
+            else:
+                # Block k's src nodes are a prefix of blocks[0].src_nodes (dst nodes come first).
+                per_layer = [degrees[:v.num_inputs] for v in views]
+        for k, (layer, view) in enumerate(zip(self.layers, views)):
+            if self.kind == "rgcn":
+                h = layer(h, view, edge_type[k])
+            elif self.kind == "gcn":
+                h = layer(h, view, per_layer[k])
+            else:
+                h = layer(h, view)
+            if k < self.num_layers - 1:
+                h = self.activation(h)
+                if self.dropout:
+                    h = F.dropout(h, self.dropout, self.training)
+        return h
