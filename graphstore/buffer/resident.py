@@ -91,6 +91,15 @@ class ResidentGraph:
     def num_edges(self) -> int:
         return int(self.indices.shape[0])
 
+    @property
+    def out_indptr(self) -> None:
+        """Only in-edges are resident (the samplers' ``SampleGraph`` protocol asks)."""
+        return None
+
+    @property
+    def out_indices(self) -> None:
+        return None
+
     def local_range(self, k: int) -> tuple[int, int]:
         """Local ids ``[start, stop)`` of resident partition k's rows."""
         z = int(self.slot_of[k]) if 0 <= k < len(self.slot_of) else -1
