@@ -46,7 +46,7 @@ from graphstore.sample import Batch, sample_dense
 from graphstore.sample.dense import new_workspace
 from graphstore.sample.negatives import NegativeSample, sample_negatives
 
-__all__ = ["EdgeBatch", "EdgeLoader", "NodeLoader", "SCHEMES"]
+__all__ = ["EdgeBatch", "EdgeLoader", "NodeBatch", "NodeLoader", "SCHEMES"]
 
 SCHEMES = ("minibatch", "megabatch", "disk")
 
@@ -129,6 +129,25 @@ class _Loader:
     def last_stats(self) -> BufferStats | None:
         """The buffer's counters of the last epoch run (None before the first)."""
         return self.epoch_stats[-1] if self.epoch_stats else None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeBatch(Batch):
+    """A `Batch` that also knows the buffer state it was sampled from."""
+
+    graph: ResidentGraph | None = None
+    """The state's resident graph (valid until the next batch is requested)."""
+
+    @property
+    def store_ids(self) -> torch.Tensor:
+        """int64 [N], store id of each ``dense.node_ids`` entry."""
+        return self.graph.node_ids[self.dense.node_ids]
+
+    @property
+    def degrees(self) -> torch.Tensor:
+        """int64 [N], resident in-degree of each ``dense.node_ids`` entry (GCN's normalisation;
+        the whole graph's in-degree under the minibatch scheme)."""
+        return self.graph.indptr.diff()[self.dense.node_ids]
 
 
 class NodeLoader(_Loader):
@@ -238,7 +257,7 @@ class NodeLoader(_Loader):
         hi = np.searchsorted(self.targets, (np.asarray(partitions, np.int64) + 1) * P)
         return np.concatenate([np.zeros(0, np.int64)] + [self.targets[a:b] for a, b in zip(lo, hi)])
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
+    def epoch(self, epoch: int) -> Iterator[NodeBatch]:
         """The batches of ``epoch`` (each valid until the next one is requested)."""
         plan = self.plan(epoch)
         order_gen = _epoch_generator(self.seed, epoch, 1)
@@ -262,11 +281,11 @@ class NodeLoader(_Loader):
             self.epoch_stats.append(buffer.stats)
 
     def _batch(self, g: ResidentGraph, targets: torch.Tensor, generator: torch.Generator,
-               workspace: torch.Tensor) -> Batch:
+               workspace: torch.Tensor) -> NodeBatch:
         dense = sample_dense(g, targets, self.fanouts, generator=generator, workspace=workspace,
                              direction=self.direction)
         batch = Batch.gather(dense, g.features, g.labels)
-        return Batch(batch.dense, batch.features, batch.labels.long())
+        return NodeBatch(batch.dense, batch.features, batch.labels.long(), g)
 
     def __repr__(self) -> str:
         return f"<NodeLoader {self.settings}>"

@@ -1,0 +1,133 @@
+"""Loaders: every training example is seen as often as the scheme says, batches carry the
+right rows and labels, epochs replay from (seed, epoch), and a byte budget is honoured."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import graphstore
+from graphstore.buffer.budget import footprint
+from graphstore.errors import ConfigError
+from graphstore.layout._convert import ConvertOptions, convert
+from graphstore.layout.embeddings import EmbeddingTable
+from graphstore.loaders import EdgeLoader, NodeLoader
+from tests.conftest import make_graph
+
+P = 8
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    graph, _ = make_graph(num_nodes=400, num_edges=3000, directed=True, num_relations=2)
+    out = tmp_path_factory.mktemp("loaders") / "g.gs"
+    convert(graph, out, ConvertOptions(num_partitions=P, partitioner="random", seed=3))
+    return out
+
+
+@pytest.fixture(scope="module")
+def store(store_path):
+    return graphstore.open(store_path)
+
+
+@pytest.mark.parametrize("scheme,times", [("minibatch", 1), ("megabatch", 2), ("disk", 1)])
+def test_each_target_is_trained_as_often_as_the_scheme_says(store, scheme, times):
+    loader = NodeLoader(store, split="train", fanouts=(3, 2), batch_size=17, scheme=scheme, seed=1)
+    features = store.features[...]
+    labels = store.labels[...]
+    seen = Counter()
+    batches = 0
+    for batch in loader.epoch(0):
+        batches += 1
+        ids = batch.store_ids
+        assert bool((ids >= 0).all())  # every sampled node is resident (or cached)
+        targets = ids[batch.dense.node_id_offsets[-1]:].numpy()
+        seen.update(targets.tolist())
+        np.testing.assert_array_equal(batch.features.numpy(), features[ids.numpy()])
+        np.testing.assert_array_equal(batch.labels.numpy(), labels[targets])
+        assert batch.labels.dtype == torch.int64 and len(targets) <= 17
+    train = store.read_node_split("train")
+    assert seen == Counter({int(v): times for v in train})
+    assert batches == len(loader)
+    stats = loader.last_stats
+    assert stats.bytes_read == stats.planned_bytes > 0
+    if scheme == "megabatch":
+        assert loader.settings["capacity"] == 2 and loader.settings["static_cache_nodes"] == 4
+    if scheme == "disk":
+        assert loader.settings["capacity"] == 4 and loader.settings["policy"] == "dispersed"
+
+
+def test_evaluation_sees_every_node_once_in_order_of_states(store):
+    loader = NodeLoader(store, split="valid", fanouts=(-1,), batch_size=1000, scheme="disk", shuffle=False)
+    seen = [t for b in loader.epoch(0) for t in b.store_ids[b.dense.node_id_offsets[-1]:].tolist()]
+    assert sorted(seen) == store.read_node_split("valid").tolist()
+
+
+def test_epochs_replay_from_seed_and_epoch(store):
+    def run(epoch, seed=0):
+        loader = NodeLoader(store, split="train", fanouts=(4, 2), batch_size=50, scheme="megabatch", seed=seed)
+        return [(b.store_ids.tolist(), b.dense.nbrs.tolist()) for b in loader.epoch(epoch)]
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+    assert run(1) != run(1, seed=5)
+
+
+def test_a_byte_budget_picks_the_capacity(store):
+    big = NodeLoader(store, split="train", fanouts=(2,), batch_size=64, scheme="disk", policy="dispersed",
+                     capacity=5)
+    plan = big.plan(0)
+    need = footprint(store, plan.states).total
+    loader = NodeLoader(store, split="train", fanouts=(2,), batch_size=64, scheme="disk", policy="dispersed",
+                        buffer_bytes=need)
+    assert loader.settings["capacity"] >= 5 and loader.footprint.total <= need
+    with pytest.raises(ConfigError, match="below the"):
+        NodeLoader(store, split="train", fanouts=(2,), batch_size=64, scheme="disk", policy="dispersed",
+                   buffer_bytes=1000)
+    with pytest.raises(ConfigError, match="not both"):
+        NodeLoader(store, split="train", fanouts=(2,), batch_size=64, scheme="disk", capacity=2, buffer_bytes=10**9)
+
+
+@pytest.mark.parametrize("scheme,policy", [("minibatch", None), ("disk", "comet"), ("disk", "beta")])
+def test_edge_loader_trains_every_edge_once_with_resident_negatives(copy, scheme, policy):
+    store = graphstore.open(copy, mode="r+")
+    table = EmbeddingTable.create(store, 6, seed=0)
+    before = table.read_all()
+    loader = EdgeLoader(store, batch_size=64, negatives=5, num_chunks=2, degree_fraction=0.4, scheme=scheme,
+                        policy=policy, capacity=4, embeddings=table, seed=2)
+    seen = Counter()
+    for batch in loader.epoch(0):
+        ids = batch.graph.node_ids
+        seen.update(zip(ids[batch.src].tolist(), ids[batch.dst].tolist(), batch.rel.tolist()))
+        assert batch.negatives.nodes.shape == (min(2, batch.src.numel()), 5)
+        assert bool((ids[batch.negatives.nodes] >= 0).all())
+        rows = torch.unique(torch.cat([batch.src, batch.dst]))
+        batch.graph.embeddings[rows, 0] += 1.0  # a "training step" the buffer must write back
+    src, dst = store.array("edges/src")[...], store.array("edges/dst")[...]
+    rel = store.array("edges/rel")[...]
+    assert seen == Counter(zip(src.tolist(), dst.tolist(), rel.tolist()))
+    after = EmbeddingTable.open(store).read_all()
+    touched = np.unique(np.concatenate([src, dst]))
+    assert (after[touched, 0] > before[touched, 0]).all()
+    if scheme == "disk" and policy == "comet":
+        assert loader.settings["num_logical_partitions"] == 4  # MariusGNN: l = 2p/c
+
+
+def test_edge_loader_with_an_encoder_gives_a_dense_over_the_batch_nodes(store):
+    loader = EdgeLoader(store, batch_size=32, negatives=3, scheme="minibatch", fanouts=(2, 2), seed=0)
+    batch = next(iter(loader.epoch(0)))
+    assert torch.equal(batch.dense.targets, batch.nodes)
+    assert torch.equal(batch.nodes[batch.index["src"]], batch.src)
+    assert torch.equal(batch.nodes[batch.index["neg"]], batch.negatives.nodes)
+
+
+def test_bad_arguments(store):
+    with pytest.raises(ConfigError, match="scheme must be one of"):
+        NodeLoader(store, fanouts=(2,), batch_size=8, scheme="cloud")
+    with pytest.raises(ConfigError, match="batch_size must be >= 1"):
+        NodeLoader(store, fanouts=(2,), batch_size=0)
+    with pytest.raises(ConfigError, match="megabatch is for node classification"):
+        EdgeLoader(store, batch_size=8, negatives=2, scheme="megabatch")
