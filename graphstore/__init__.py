@@ -20,7 +20,8 @@ from graphstore.errors import (
 from graphstore._version import __version__
 from graphstore.layout.base import FORMAT_VERSION, Manifest
 from graphstore.layout.store import Store
-from graphstore.layout.store import open_store as open
+from graphstore.dataset import Dataset
+from graphstore.dataset import open_dataset as open
 
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "BufferClosedError",
     "ConfigError",
     "CorruptStoreError",
+    "Dataset",
     "GraphStoreError",
     "Manifest",
     "SourceError",

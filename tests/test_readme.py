@@ -23,6 +23,8 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
         exec(compile(block, "README.md", "exec"), namespace)
     assert namespace["x"].shape == (339, 1433)
     assert len(namespace["train"]) == 140 and sorted(namespace["source_ids"].tolist()) == list(range(140))
+    loader = namespace["loader"]
+    assert [s.bytes_read > 0 for s in loader.epoch_stats] == [True, True] and namespace["loss"].item() < 1.9
 
 
 def test_demo_runs(tmp_path):
