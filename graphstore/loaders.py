@@ -115,15 +115,18 @@ class _Loader:
         return plan_epoch(self.policy, num_partitions=self.store.num_partitions, capacity=self.capacity,
                           epoch=epoch, seed=self.seed, **self._plan_options())
 
-    def _buffer(self, states: Sequence[Sequence[int]], embeddings: EmbeddingTable | None) -> BufferManager:
-        need = slots_needed(states, prefetch=self.prefetch)
+    def _buffer(self, epoch: int, states: Sequence[Sequence[int]], embeddings: EmbeddingTable | None,
+                lookahead: bool) -> BufferManager:
+        # The next epoch's first state is read while this epoch's last state trains.
+        ahead = self.plan(epoch + 1).states[0] if lookahead and self.prefetch else None
+        need = slots_needed(list(states) + ([ahead] if ahead else []), prefetch=self.prefetch)
         if self.memory is None or self.memory.num_slots < need:
             # Allocated once for the run (re-allocated only if a later epoch needs more slots).
             self.memory = BufferMemory.allocate(
                 self.store, need, embedding_dim=self.embedding_dim,
                 cache_rows=0 if self.cache is None else self.cache.num_nodes)
         return BufferManager(self.store, states, prefetch=self.prefetch, memory=self.memory,
-                             embeddings=embeddings, static_cache=self.cache)
+                             embeddings=embeddings, static_cache=self.cache, lookahead=ahead)
 
     @property
     def last_stats(self) -> BufferStats | None:
@@ -257,13 +260,14 @@ class NodeLoader(_Loader):
         hi = np.searchsorted(self.targets, (np.asarray(partitions, np.int64) + 1) * P)
         return np.concatenate([np.zeros(0, np.int64)] + [self.targets[a:b] for a, b in zip(lo, hi)])
 
-    def epoch(self, epoch: int) -> Iterator[NodeBatch]:
-        """The batches of ``epoch`` (each valid until the next one is requested)."""
+    def epoch(self, epoch: int, *, lookahead: bool = True) -> Iterator[NodeBatch]:
+        """The batches of ``epoch`` (each valid until the next one is requested); with
+        ``lookahead``, the next epoch's first partitions are read during the last state."""
         plan = self.plan(epoch)
         order_gen = _epoch_generator(self.seed, epoch, 1)
         sample_gen = _epoch_generator(self.seed, epoch, 2)
         passes = self._passes(plan)
-        buffer = self._buffer(plan.states, None)
+        buffer = self._buffer(epoch, plan.states, None, lookahead)
         workspace = None
         try:
             for loaded in buffer:
@@ -362,14 +366,15 @@ class EdgeLoader(_Loader):
     def _plan_options(self) -> dict[str, Any]:
         return dict(self.options, task="link") if self.policy == "in_memory" else dict(self.options)
 
-    def epoch(self, epoch: int) -> Iterator[EdgeBatch]:
-        """The batches of ``epoch`` (each valid until the next one is requested)."""
+    def epoch(self, epoch: int, *, lookahead: bool = True) -> Iterator[EdgeBatch]:
+        """The batches of ``epoch`` (each valid until the next one is requested); with
+        ``lookahead``, the next epoch's first partitions are read during the last state."""
         plan = self.plan(epoch)
         order_gen = _epoch_generator(self.seed, epoch, 3)
         neg_gen = _epoch_generator(self.seed, epoch, 4)
         sample_gen = _epoch_generator(self.seed, epoch, 5)
         bucket_states = np.asarray(plan.bucket_states) if plan.bucket_states is not None else None
-        buffer = self._buffer(plan.states, self.table)
+        buffer = self._buffer(epoch, plan.states, self.table, lookahead)
         P, p = self.store.partition_size, self.store.num_partitions
         workspace = None
         try:

@@ -292,7 +292,7 @@ class _Loader:
             memory.dirty[z] = False
         self._count(time.perf_counter() - t0, partitions_written=1, bytes_written=written)
 
-    def load(self, index: int) -> LoadedState:
+    def load(self, index: int, *, assemble: bool = True) -> LoadedState | None:
         parts, slots = self.states[index], self.plan.slots[index]
         memory = self.memory
         for z, _ in self.plan.evicted[index]:
@@ -309,6 +309,8 @@ class _Loader:
             self.counts["partitions_loaded"] += len(admitted)
             if index > 0:
                 self.counts["swaps"] += len(admitted)
+        if not assemble:
+            return None
         t0 = time.perf_counter()
         graph = assemble_resident_graph(self.store, parts, slots, memory=memory, buckets=self.buckets,
                                         static_cache=self.static_cache)
@@ -367,10 +369,13 @@ class _Handoff:
     `close` can still be finalized (which closes this).
     """
 
-    def __init__(self, loader: _Loader, count: int, cond: threading.Condition, *, prefetch: bool):
+    def __init__(self, loader: _Loader, count: int, cond: threading.Condition, *, prefetch: bool,
+                 lookahead: bool = False):
         self.loader, self.count, self.cond = loader, count, cond
+        self.lookahead = lookahead and prefetch
         self.slot: object = _EMPTY
         self.error: BaseException | None = None
+        self.error_raised = False
         self.finished = False  # the loader produced everything it will
         self.closing = False
         self.next_index = 0  # prefetch=False: the next state to load in the consumer
@@ -384,7 +389,7 @@ class _Handoff:
 
     def _run(self) -> None:
         try:
-            for index in range(self.count):
+            for index in range(self.count + self.lookahead):
                 with self.cond:
                     # Wait for the consumer to take the previous state before reading the
                     # next: two assembled states at most (double, not triple, buffering).
@@ -392,6 +397,9 @@ class _Handoff:
                         self.cond.wait()
                     if self.closing:
                         return
+                if index == self.count:  # the next epoch's first state: read, not delivered
+                    self.loader.load(index, assemble=False)
+                    return
                 item = self.loader.load(index)
                 with self.cond:
                     if self.closing:  # nobody will take it: do not keep it alive
@@ -415,7 +423,8 @@ class _Handoff:
             if self.thread is None:
                 return self._load_here()
             with self.cond:
-                while self.slot is _EMPTY and not self.finished and not self.closing:
+                while (self.slot is _EMPTY and not self.finished and not self.closing
+                       and self.delivered < self.count):
                     self.cond.wait()
                 if self.slot is not _EMPTY:
                     item, self.slot = self.slot, _EMPTY
@@ -424,9 +433,10 @@ class _Handoff:
                     return item  # type: ignore[return-value]
                 if self.closing:
                     raise BufferClosedError("the BufferManager was closed while iterating")
-                if self.error is not None:
+                if self.error is not None and self.delivered < self.count:
+                    self.error_raised = True
                     raise self._annotated(self.error)
-                return None
+                return None  # every state delivered (a lookahead read may still run)
         finally:
             with self.cond:
                 self.stall_seconds += time.perf_counter() - t0
@@ -454,13 +464,21 @@ class _Handoff:
         return exc
 
     def close(self) -> None:
+        t0 = time.perf_counter()
         with self.cond:
-            self.closing = True
+            # After the last state, let a lookahead read finish: the next epoch wants it.
+            self.closing = self.closing or not (self.lookahead and self.delivered == self.count)
             self.slot = _EMPTY  # drop a state nobody will train
             self.cond.notify_all()
         thread = self.thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+        with self.cond:
+            self.closing = True
+            self.stall_seconds += time.perf_counter() - t0  # the consumer waits here too
+        if self.error is not None and not self.error_raised:
+            self.error_raised = True
+            raise self.error  # e.g. a failed lookahead read: nothing else would report it
 
 
 # ---------------------------------------------------------------------- the manager
@@ -489,6 +507,10 @@ class BufferManager:
     static_cache : StaticCache, optional
         Hub nodes kept resident in every state (HierBatching); its rows go to the
         memory's cache rows.
+    lookahead : sequence of int, optional
+        The next epoch's first state: with prefetch, read while the last state trains, so
+        the next epoch's manager (given the same ``memory``) finds it resident. Its reads
+        are in this manager's stats and ``planned_bytes``.
 
     Raises
     ------
@@ -529,29 +551,34 @@ class BufferManager:
         memory: BufferMemory | None = None,
         embeddings: EmbeddingTable | None = None,
         static_cache: StaticCache | None = None,
+        lookahead: Sequence[int] | None = None,
     ) -> None:
         self.store = store
         self.states = _check_states(store, states)
         self.prefetch = prefetch
+        # The next epoch's first state, read while the last state trains (prefetch only).
+        ahead = _check_states(store, [lookahead])[0] if lookahead and prefetch and self.states else None
+        planned = self.states + ([ahead] if ahead else [])
         dim = 0 if embeddings is None else embeddings.dim
         cache_rows = 0 if static_cache is None else static_cache.num_nodes
         if memory is None:
-            memory = BufferMemory.allocate(store, slots_needed(self.states, prefetch=prefetch),
+            memory = BufferMemory.allocate(store, slots_needed(planned, prefetch=prefetch),
                                            with_features=with_features, embedding_dim=dim, cache_rows=cache_rows)
         self._check_memory(memory, with_features=with_features and store.manifest.has_features,
                            embedding_dim=dim, cache_rows=cache_rows)
-        plan = assign_slots(self.states, memory.num_slots, prefetch=prefetch, holder=memory.holder)
+        plan = assign_slots(planned, memory.num_slots, prefetch=prefetch, holder=memory.holder)
         self.memory = memory
         self.planned_bytes = _plan_bytes(
-            store, self.states, plan, holder=memory.holder, cached=list(memory.buckets),
+            store, planned, plan, holder=memory.holder, cached=list(memory.buckets),
             row_bytes=_row_bytes(store, with_features=memory.features is not None, embedding_dim=dim))
         if static_cache is not None:
             fill_cache_rows(memory, static_cache)
         memory.in_use = True
         self._cond = threading.Condition()
-        self._loader = _Loader(store, self.states, plan, memory=memory, embeddings=embeddings,
+        self._loader = _Loader(store, planned, plan, memory=memory, embeddings=embeddings,
                                static_cache=static_cache, lock=self._cond)
-        self._handoff = _Handoff(self._loader, len(self.states), self._cond, prefetch=prefetch)
+        self._handoff = _Handoff(self._loader, len(self.states), self._cond, prefetch=prefetch,
+                                 lookahead=ahead is not None)
         self._delivered = 0
         self._iterated = False
         self._closed = False
@@ -633,8 +660,10 @@ class BufferManager:
 def _shutdown(handoff: _Handoff, loader: _Loader) -> None:
     """Join the loader, then write back what is dirty (the consumer's last updates too)."""
     try:
-        handoff.close()
-        for z in range(loader.memory.num_slots):
-            loader.write_back(z)
+        try:
+            handoff.close()
+        finally:  # even after a loader error: the consumer's updates must not be lost
+            for z in range(loader.memory.num_slots):
+                loader.write_back(z)
     finally:
         loader.memory.in_use = False

@@ -115,3 +115,22 @@ def test_capacity_for_budget(store):
         capacity_for_budget(store, totals[2] - 1, "beta")
     with pytest.raises(ConfigError, match="must be positive"):
         capacity_for_budget(store, 0, "beta")
+
+
+def test_lookahead_reads_the_next_epochs_first_state_during_the_last(store):
+    epoch0 = [(0, 1), (2, 3)]
+    epoch1 = [(4, 5), (0, 1)]
+    memory = BufferMemory.allocate(store, 4)
+    with BufferManager(store, epoch0, memory=memory, lookahead=epoch1[0]) as first:
+        graphs = [loaded.admitted for loaded in first]
+    assert graphs == [(0, 1), (2, 3)]
+    assert first.stats.partitions_loaded == 6 and first.stats.bytes_read == first.planned_bytes
+    # (4, 5) went to the slots of (0, 1): those of (2, 3) were still being trained.
+    assert sorted(k for k in memory.holder if k >= 0) == [2, 3, 4, 5]
+    with BufferManager(store, epoch1, memory=memory) as second:
+        for loaded in second:
+            assert_same_graph(loaded.graph, build_resident_graph(store, epoch1[loaded.index]))
+            admitted = loaded.admitted
+            if loaded.index == 0:
+                assert admitted == ()  # read during the previous epoch
+    assert second.stats.partitions_loaded == 2
