@@ -111,38 +111,57 @@ def plan_bytes(store, states) -> dict:
 
 
 def child(spec: dict) -> None:
-    """One BufferManager pass, inside the cap; writes its numbers to ``spec['out']``."""
+    """BufferManager passes over one or more epochs, inside the cap; writes its numbers to
+    ``spec['out']``. Epochs share one `BufferMemory`, and each (with prefetch) reads the next
+    epoch's first state during its last one, as the loaders do."""
     import graphstore
-    from graphstore.buffer import BufferManager
+    from graphstore.buffer import BufferManager, BufferMemory
+    from graphstore.buffer.memory import slots_needed
 
     store = graphstore.open(spec["store"])
-    states = [tuple(s) for s in spec["states"]]
+    epochs = [[tuple(s) for s in states] for states in spec["epochs"]]
     by_array = _time_reads_by_array()
     compute = spec["compute_seconds"]
+    prefetch = spec["prefetch"]
+    need = max(slots_needed(states + (nxt[:1] if prefetch else []), prefetch=prefetch)
+               for states, nxt in zip(epochs, epochs[1:] + [[]]))
+    memory = BufferMemory.allocate(store, need)
     io_before = _proc_io()
-    waits = []  # the consumer's own view: seconds from asking for a state to getting it
+    per_epoch = []
     start = time.perf_counter()
-    with BufferManager(store, states, prefetch=spec["prefetch"]) as buf:
-        states_iter = iter(buf)
-        while True:
-            t0 = time.perf_counter()
-            loaded = next(states_iter, None)
-            waits.append(time.perf_counter() - t0)
-            if loaded is None:
-                break
-            del loaded
-            if compute:
-                time.sleep(compute)
+    for e, states in enumerate(epochs):
+        ahead = epochs[e + 1][0] if e + 1 < len(epochs) else None
+        waits = []  # the consumer's own view: seconds from asking for a state to getting it
+        t_epoch = time.perf_counter()
+        with BufferManager(store, states, prefetch=prefetch, memory=memory, lookahead=ahead) as buf:
+            states_iter = iter(buf)
+            while True:
+                t0 = time.perf_counter()
+                loaded = next(states_iter, None)
+                waits.append(time.perf_counter() - t0)
+                if loaded is None:
+                    break
+                del loaded
+                if compute:
+                    time.sleep(compute)
+        s = buf.stats
+        per_epoch.append({
+            "epoch": e, "states": s.states, "partitions_loaded": s.partitions_loaded, "swaps": s.swaps,
+            "buckets_read": s.buckets_read, "requests": s.requests, "bytes_read": s.bytes_read,
+            "planned_bytes": s.planned_bytes, "read_seconds": s.read_seconds,
+            "assemble_seconds": s.assemble_seconds, "stall_seconds": s.stall_seconds,
+            "read_bytes_per_s": s.read_bandwidth, "first_state_wait_seconds": waits[0],
+            "consumer_wait_seconds": sum(waits), "wall_seconds": time.perf_counter() - t_epoch,
+        })
     wall = time.perf_counter() - start
     io_after = _proc_io()
-    s = buf.stats
+    total = {key: sum(ep[key] for ep in per_epoch) for key in (
+        "states", "partitions_loaded", "swaps", "buckets_read", "requests", "bytes_read", "planned_bytes",
+        "read_seconds", "assemble_seconds", "stall_seconds", "consumer_wait_seconds")}
     Path(spec["out"]).write_text(json.dumps({
-        "states": s.states, "partitions_loaded": s.partitions_loaded, "swaps": s.swaps,
-        "buckets_read": s.buckets_read, "requests": s.requests, "bytes_read": s.bytes_read,
-        "read_seconds": s.read_seconds, "assemble_seconds": s.assemble_seconds,
-        "stall_seconds": s.stall_seconds, "read_bytes_per_s": s.read_bandwidth, "wall_seconds": wall,
-        "first_state_wait_seconds": waits[0],
-        "consumer_wait_seconds": sum(waits),
+        **total, "read_bytes_per_s": total["bytes_read"] / max(total["read_seconds"], 1e-9),
+        "wall_seconds": wall, "first_state_wait_seconds": per_epoch[0]["first_state_wait_seconds"],
+        "memory_bytes": memory.nbytes, "slots": memory.num_slots, "epochs": per_epoch,
         "disk_read_bytes": io_after.get("read_bytes", 0) - io_before.get("read_bytes", 0),
         "by_array": by_array,
     }))
@@ -167,10 +186,10 @@ def _time_reads_by_array() -> dict:
     if original is None:
         return table
 
-    def timed(self, array, lo, hi):
+    def timed(self, name, lo, hi, out=None):
         t0 = time.perf_counter()
-        out = original(self, array, lo, hi)
-        row = table.setdefault(str(getattr(array, "path", array)), {"seconds": 0.0, "bytes": 0, "requests": 0})
+        out = original(self, name, lo, hi, out)
+        row = table.setdefault(str(name), {"seconds": 0.0, "bytes": 0, "requests": 0})
         row["seconds"] += time.perf_counter() - t0
         row["bytes"] += out.nbytes
         row["requests"] += 1
@@ -180,11 +199,12 @@ def _time_reads_by_array() -> dict:
     return table
 
 
-def run_child(args, store_path: Path, states, *, prefetch: bool, compute: float, cap_bytes: int) -> dict:
+def run_child(args, store_path: Path, epochs, *, prefetch: bool, compute: float, cap_bytes: int) -> dict:
+    """``epochs``: a list of epochs' states (one plan's states for a single epoch)."""
     out = args.workdir / "child.json"
     out.unlink(missing_ok=True)
-    spec = {"store": str(store_path), "states": [list(map(int, s)) for s in states], "prefetch": prefetch,
-            "compute_seconds": compute, "out": str(out)}
+    spec = {"store": str(store_path), "epochs": [[list(map(int, s)) for s in states] for states in epochs],
+            "prefetch": prefetch, "compute_seconds": compute, "out": str(out)}
     drop_caches()
     cap = MemoryCap(f"graphstore_bench_buffer_{os.getpid()}", cap_bytes)
     try:
@@ -206,7 +226,7 @@ def run_child(args, store_path: Path, states, *, prefetch: bool, compute: float,
 
 def build(args, num_nodes: int, partitions: int) -> tuple[Path, dict]:
     python = sys.executable
-    dataset = args.workdir / f"synthetic_n{num_nodes}_d{args.feature_dim}"
+    dataset = args.dataset or args.workdir / f"synthetic_n{num_nodes}_d{args.feature_dim}"
     if not (dataset / "synthetic.json").exists():
         gen = run_measured([python, str(REPO / "tools" / "make_synthetic.py"), "--out", str(dataset),
                             "--kind", "node", "--layout", "npz", "--num-nodes", str(num_nodes),
@@ -246,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compute-factors", default="1.0,1.5",
                     help="simulated compute per state, in units of one state's measured load time")
     ap.add_argument("--repeats", type=int, help="runs of measurements 2 and 3 (default 3, quick 1)")
+    ap.add_argument("--epochs", type=int, default=3, help="epochs per prefetch run (sharing the buffer's memory)")
+    ap.add_argument("--dataset", type=Path, help="an existing make_synthetic.py node dataset (skips generating one)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -256,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         ap.error("needs root: it drops the page cache and creates a cgroup")
     num_nodes = args.num_nodes or (1_000_000 if args.quick else 5_000_000)
+    if args.dataset:
+        meta = json.loads((args.dataset / "synthetic.json").read_text())
+        num_nodes = meta["num_nodes"]
+        args.avg_degree = 2 * meta["num_edges"] / num_nodes
     cap = (args.cap_mib or (512 if args.quick else 1024)) << 20
     repeats = args.repeats or (1 if args.quick else 3)
     c = args.capacity
@@ -308,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     bw_runs = []
     for r in range(repeats):
         dd = dd_read(dd_file)
-        run = run_child(args, load_path, plan.states, prefetch=False, compute=0.0, cap_bytes=cap)
+        run = run_child(args, load_path, [plan.states], prefetch=False, compute=0.0, cap_bytes=cap)
         run["dd_before"] = dd
         run["vs_dd"] = run["read_bytes_per_s"] / dd["bytes_per_s"]
         feats = run["by_array"].get("nodes/features")
@@ -324,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     # The same pass under a cap the store fits in: does the 1 GiB cap (page cache squeezed next to
     # ~800 MiB of process memory) cost bandwidth?
     dd = dd_read(dd_file)
-    loose = run_child(args, load_path, plan.states, prefetch=False, compute=0.0, cap_bytes=args.loose_cap_mib << 20)
+    loose = run_child(args, load_path, [plan.states], prefetch=False, compute=0.0,
+                      cap_bytes=args.loose_cap_mib << 20)
     loose["dd_before"] = dd
     loose["vs_dd"] = loose["read_bytes_per_s"] / dd["bytes_per_s"]
     feats = loose["by_array"].get("nodes/features")
@@ -357,21 +384,27 @@ def main(argv: list[str] | None = None) -> int:
     # compute per state = one state's load time (read + assemble), the median over the runs
     per_state_load = statistics.median((r["read_seconds"] + r["assemble_seconds"]) / r["states"] for r in bw_runs)
     factors = [float(f) for f in args.compute_factors.split(",")]
+    pf_epochs = [plan_epoch("hierbatching", num_partitions=args.load_partitions, capacity=c, epoch=e, seed=0).states
+                 for e in range(args.epochs)]
     pf_runs = []
     for r in range(repeats):
         for factor in factors:
             for prefetch in (True, False):
                 dd = dd_read(dd_file)
-                run = run_child(args, load_path, plan.states, prefetch=prefetch, compute=factor * per_state_load,
+                run = run_child(args, load_path, pf_epochs, prefetch=prefetch, compute=factor * per_state_load,
                                 cap_bytes=cap)
                 run["compute_factor"] = factor
                 run["dd_before"] = dd
                 run["stall_vs_read"] = run["stall_seconds"] / run["read_seconds"]
                 run["stall_after_first_vs_read"] = (run["stall_seconds"] - run["first_state_wait_seconds"]) / run["read_seconds"]
+                later = run["epochs"][1:]
+                run["stall_later_epochs_vs_read"] = (sum(ep["stall_seconds"] for ep in later)
+                                                     / max(sum(ep["read_seconds"] for ep in later), 1e-9)) if later else None
                 pf_runs.append(run)
                 print(f"prefetch={prefetch!s:5} compute {factor}x = {factor * per_state_load:.3f} s/state, run {r}: "
                       f"read {run['read_seconds']:.2f} s, stall {run['stall_seconds']:.2f} s ({run['stall_vs_read']:.2f}x "
-                      f"read; after state 0 {run['stall_after_first_vs_read']:.2f}x), wall {run['wall_seconds']:.2f} s, "
+                      f"read; after state 0 {run['stall_after_first_vs_read']:.2f}x; epochs 1+ "
+                      f"{run['stall_later_epochs_vs_read'] or 0:.2f}x), wall {run['wall_seconds']:.2f} s, "
                       f"cgroup peak {run['cgroup_peak_bytes'] >> 20} MiB", flush=True)
     results["prefetch"] = {
         "policy": "hierbatching", "num_partitions": args.load_partitions, "capacity": c, "states": plan.num_states,
@@ -388,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             results["prefetch"][key] = {
                 "stall_vs_read": median_range([r["stall_vs_read"] for r in mine]),
                 "stall_after_first_vs_read": median_range([r["stall_after_first_vs_read"] for r in mine]),
+                "stall_later_epochs_vs_read": median_range([r["stall_later_epochs_vs_read"] or 0.0 for r in mine]),
                 "first_state_wait_seconds": median_range([r["first_state_wait_seconds"] for r in mine]),
                 "stall_seconds": median_range([r["stall_seconds"] for r in mine]),
                 "read_seconds": median_range([r["read_seconds"] for r in mine]),
@@ -398,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     pf["goal_met"] = on["stall_vs_read"]["median"] < 0.10 and off["stall_vs_read"]["median"] >= 0.10
     pf["goal_met_after_first_state"] = (on["stall_after_first_vs_read"]["median"] < 0.10
                                         and off["stall_after_first_vs_read"]["median"] >= 0.10)
+    pf["epochs"] = args.epochs
 
     # 4. COMET vs BETA at p=16, c=4
     lp_store = graphstore.open(lp_path)
@@ -412,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         lp_plan = plan_epoch(name, num_partitions=16, capacity=c, epoch=0, seed=0, **options)
         acc = plan_bytes(lp_store, lp_plan.states)
         dd = dd_read(dd_file)
-        run = run_child(args, lp_path, lp_plan.states, prefetch=True, compute=0.0, cap_bytes=lp_cap)
+        run = run_child(args, lp_path, [lp_plan.states], prefetch=True, compute=0.0, cap_bytes=lp_cap)
         epochs = []
         for e in range(5):  # pure plans: how the counts vary over epochs (COMET regroups each epoch)
             pe = plan_epoch(name, num_partitions=16, capacity=c, epoch=e, seed=0, **options)

@@ -270,12 +270,15 @@ class _Loader:
                 self.counts[key] += value
             self.counts["read_seconds" if "bytes_read" in added else "write_seconds"] += seconds
 
-    def _read(self, name: str, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
+    def _read(self, requests: list[tuple[str, int, int, np.ndarray | None]]) -> list[np.ndarray]:
+        """One `Store.read_many` call: every range of a state in flight together."""
         if self.stop_requested():
             raise _Cancelled
+        if not requests:
+            return []
         t0 = time.perf_counter()
-        got = self.store.read_rows(name, lo, hi, out)
-        self._count(time.perf_counter() - t0, requests=1, bytes_read=got.nbytes)
+        got = self.store.read_many(requests)
+        self._count(time.perf_counter() - t0, requests=len(requests), bytes_read=sum(a.nbytes for a in got))
         return got
 
     def write_back(self, z: int) -> None:
@@ -300,11 +303,17 @@ class _Loader:
             memory.holder[z] = -1
         admitted = self.plan.admitted[index]
         where = dict(zip(parts, slots))
-        self._read_rows([(k, where[k]) for k in admitted])
-        held = {k for k in memory.holder if k >= 0}
+        pairs = [(k, where[k]) for k in admitted]
+        held = {k for k in memory.holder if k >= 0} | set(admitted)
         for key in [key for key in self.buckets if key[0] not in held or key[1] not in held]:
             del self.buckets[key]
-        self._read_buckets(parts)
+        row_requests = self._row_requests(pairs)
+        bucket_requests, place_buckets = self._bucket_requests(parts)
+        got = self._read(row_requests + bucket_requests)
+        place_buckets(got[len(row_requests):])
+        self._read_embeddings(pairs)
+        for k, z in pairs:
+            memory.holder[z] = k
         with self.lock:
             self.counts["partitions_loaded"] += len(admitted)
             if index > 0:
@@ -319,42 +328,56 @@ class _Loader:
         logger.debug("state %d: read partitions %s, %d resident", index, admitted, len(parts))
         return LoadedState(index=index, graph=graph, admitted=admitted)
 
-    def _read_rows(self, pairs: Sequence[tuple[int, int]]) -> None:
-        memory, store = self.memory, self.store
+    def _row_requests(self, pairs: Sequence[tuple[int, int]]) -> list[tuple[str, int, int, np.ndarray]]:
+        """Reads of the admitted partitions' rows straight into their slots: one range per
+        run of consecutive partitions in consecutive slots."""
+        memory, store, requests = self.memory, self.store, []
         for run in _runs(pairs):
             start = store.partition_range(run[0][0])[0]
             stop = store.partition_range(run[-1][0])[1]
             rows = memory.slot_rows(run[0][1], stop - start)
             for name, tensor in (("nodes/features", memory.features), ("nodes/labels", memory.labels)):
                 if tensor is not None:
-                    self._read(name, start, stop, tensor[rows].numpy())
-            if self.table is not None:
-                for k, z in run:
-                    if self.stop_requested():
-                        raise _Cancelled
-                    k_start, k_stop = store.partition_range(k)
-                    t0 = time.perf_counter()
-                    out = memory.embeddings[memory.slot_rows(z, k_stop - k_start)].numpy()
-                    self.table.read_partition(k, out)
-                    self._count(time.perf_counter() - t0, requests=1, bytes_read=out.nbytes)
-            for k, z in run:
-                memory.holder[z] = k
+                    requests.append((name, start, stop, tensor[rows].numpy()))
+        return requests
 
-    def _read_buckets(self, parts: Sequence[int]) -> None:
+    def _read_embeddings(self, pairs: Sequence[tuple[int, int]]) -> None:
+        if self.table is None:
+            return
+        memory = self.memory
+        for k, z in pairs:
+            if self.stop_requested():
+                raise _Cancelled
+            start, stop = self.store.partition_range(k)
+            t0 = time.perf_counter()
+            out = memory.embeddings[memory.slot_rows(z, stop - start)].numpy()
+            self.table.read_partition(k, out)
+            self._count(time.perf_counter() - t0, requests=1, bytes_read=out.nbytes)
+
+    def _bucket_requests(self, parts: Sequence[int]):
+        """Reads of the buckets among ``parts`` not held, one range per byte-contiguous span
+        and edge array; and the function that files the read spans as buckets."""
         p = self.store.num_partitions
         needed = sorted(j * p + i for j in parts for i in parts if (i, j) not in self.buckets)
-        for lo, hi, members in _bucket_spans(needed, self.offsets):
-            if hi > lo:
-                arrays = [self._read(name, lo, hi) for name in self.edge_names]
-            else:  # only empty buckets: no request at all
-                arrays = [np.zeros(0, np.int64) for _ in self.edge_names]
-            for b in members:
-                # Views into the span: no copy; a span lives until its last bucket is evicted.
-                b_lo, b_hi = int(self.offsets[b]) - lo, int(self.offsets[b + 1]) - lo
-                src, dst, *rel = (a[b_lo:b_hi] for a in arrays)
-                self.buckets[(b % p, b // p)] = (src, dst, rel[0] if rel else None)
-        with self.lock:
-            self.counts["buckets_read"] += len(needed)
+        spans = _bucket_spans(needed, self.offsets)
+        requests = [(name, lo, hi, None) for lo, hi, _ in spans if hi > lo for name in self.edge_names]
+
+        def place(arrays: list[np.ndarray]) -> None:
+            per_span = iter(arrays)
+            for lo, hi, members in spans:
+                if hi > lo:
+                    span = [next(per_span) for _ in self.edge_names]
+                else:  # only empty buckets: no request at all
+                    span = [np.zeros(0, np.int64) for _ in self.edge_names]
+                for b in members:
+                    # Views into the span: no copy; a span lives until its last bucket is evicted.
+                    b_lo, b_hi = int(self.offsets[b]) - lo, int(self.offsets[b + 1]) - lo
+                    src, dst, *rel = (a[b_lo:b_hi] for a in span)
+                    self.buckets[(b % p, b // p)] = (src, dst, rel[0] if rel else None)
+            with self.lock:
+                self.counts["buckets_read"] += len(needed)
+
+        return requests, place
 
 
 # ---------------------------------------------------------------------- the handoff

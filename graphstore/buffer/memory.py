@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from graphstore.errors import ConfigError
+from graphstore.layout._chunkio import aligned_empty
 from graphstore.layout.store import Store
 
 __all__ = ["BufferMemory", "SlotPlan", "assign_slots", "slots_needed"]
@@ -164,7 +165,13 @@ class BufferMemory:
         rows = int(num_slots) * P + int(cache_rows)
 
         def empty(shape, dtype):
-            return torch.zeros(shape, dtype=dtype, pin_memory=pin)
+            if pin:
+                return torch.zeros(shape, dtype=dtype, pin_memory=True)  # page-aligned
+            # 4096-aligned, so whole chunks are read with O_DIRECT straight into the slots.
+            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+            array = aligned_empty(shape, np_dtype)
+            array.fill(0)
+            return torch.from_numpy(array)
 
         features = labels = embeddings = None
         if with_features and m.has_features:

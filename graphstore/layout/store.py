@@ -9,6 +9,7 @@ for the layout).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import zarr
 import zarr.errors
 
 from graphstore.errors import ConfigError, StoreError, StoreNotFoundError, StoreVersionError
+from graphstore.layout._chunkio import shared_reader
 from graphstore.layout.base import FORMAT_VERSION, MANIFEST_KEY, Manifest
 from graphstore.layout.sources.base import EdgeSplit
 
@@ -205,14 +207,30 @@ class Store:
         """The lazy Zarr array ``name`` (e.g. ``"nodes/features"``); nothing is read yet."""
         return self._array(name)
 
+    def read_many(self, requests: Sequence[tuple[str, int, int, np.ndarray | None]]) -> list[np.ndarray]:
+        """Read several row ranges at once, straight from the chunk files.
+
+        Each request is ``(array name, start, stop, out)``; ``out`` (shape
+        ``[stop - start, ...]``, the array's dtype, C-contiguous) receives the rows, or is
+        None for a new array. All reads are in flight together on the process's
+        `ChunkReader` (several requests deep, ``O_DIRECT`` into 4096-aligned outputs); whole
+        chunks are checksummed, parts of chunks are not (see `graphstore.layout._chunkio`).
+        This is the buffer's only read path, so tests and benchmarks can wrap it.
+
+        Raises
+        ------
+        CorruptStoreError
+            A chunk file is missing or short, or a whole chunk fails its checksum.
+        """
+        arrays = [(self._array(name), int(lo), int(hi), out) for name, lo, hi, out in requests]
+        outs = [out if out is not None else np.empty((max(0, hi - lo), *a.shape[1:]), a.dtype)
+                for a, lo, hi, out in arrays]
+        shared_reader().read_into([(a, lo, hi, out) for (a, lo, hi, _), out in zip(arrays, outs)])
+        return outs
+
     def read_rows(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Rows ``[start, stop)`` of array ``name``, into ``out`` when given (same shape and
-        dtype); the buffer's single read path, so it can be measured and replaced."""
-        rows = self._array(name)[start:stop]
-        if out is None:
-            return rows
-        out[...] = rows
-        return out
+        """Rows ``[start, stop)`` of array ``name`` (one `read_many` request)."""
+        return self.read_many([(name, start, stop, out)])[0]
 
     @property
     def features(self) -> zarr.Array | None:

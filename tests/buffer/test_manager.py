@@ -65,10 +65,11 @@ class RecordingStore(Store):
         super().__init__(path)
         self.log = []
 
-    def read_rows(self, name, start, stop, out=None):
-        self.before_read(name, slice(start, stop))
-        got = super().read_rows(name, start, stop, out)
-        self.log.append((name, start, stop, got.nbytes))
+    def read_many(self, requests):
+        for name, start, stop, _ in requests:
+            self.before_read(name, slice(start, stop))
+        got = super().read_many(requests)
+        self.log.extend((name, start, stop, a.nbytes) for (name, start, stop, _), a in zip(requests, got))
         return got
 
     def before_read(self, name, key):
