@@ -131,14 +131,17 @@ def _runs(pairs: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
 def _bucket_spans(needed: Sequence[int], offsets: np.ndarray) -> list[tuple[int, int, list[int]]]:
     """Group needed bucket indices (``b = j * p + i``, ascending) into byte-contiguous spans.
 
-    Two needed buckets share a span when nothing but empty buckets lies between them, so a
-    span is read with exactly the bytes of its buckets. Returns ``(lo, hi, buckets)``
-    edge-position ranges.
+    Two needed buckets of one destination share a span when nothing but empty buckets lies
+    between them, so a span is read with exactly the bytes of its buckets. Returns
+    ``(lo, hi, buckets)`` edge-position ranges.
     """
     spans: list[tuple[int, int, list[int]]] = []
+    p = round((len(offsets) - 1) ** 0.5)
     for b in needed:
         lo, hi = int(offsets[b]), int(offsets[b + 1])
-        if spans and spans[-1][1] == lo:
+        # A span stays within one destination partition: it is read into that partition's
+        # slot region.
+        if spans and spans[-1][1] == lo and spans[-1][2][-1] // p == b // p:
             spans[-1][2].append(b)
             spans[-1] = (spans[-1][0], hi, spans[-1][2])
         else:
@@ -308,7 +311,7 @@ class _Loader:
         for key in [key for key in self.buckets if key[0] not in held or key[1] not in held]:
             del self.buckets[key]
         row_requests = self._row_requests(pairs)
-        bucket_requests, place_buckets = self._bucket_requests(parts)
+        bucket_requests, place_buckets = self._bucket_requests(parts, where)
         got = self._read(row_requests + bucket_requests)
         place_buckets(got[len(row_requests):])
         self._read_embeddings(pairs)
@@ -354,13 +357,20 @@ class _Loader:
             self.table.read_partition(k, out)
             self._count(time.perf_counter() - t0, requests=1, bytes_read=out.nbytes)
 
-    def _bucket_requests(self, parts: Sequence[int]):
+    def _bucket_requests(self, parts: Sequence[int], slot_of: dict[int, int]):
         """Reads of the buckets among ``parts`` not held, one range per byte-contiguous span
-        and edge array; and the function that files the read spans as buckets."""
+        and edge array, into the destination's slot region; and the function that files the
+        read spans as buckets."""
         p = self.store.num_partitions
         needed = sorted(j * p + i for j in parts for i in parts if (i, j) not in self.buckets)
         spans = _bucket_spans(needed, self.offsets)
-        requests = [(name, lo, hi, None) for lo, hi, _ in spans if hi > lo for name in self.edge_names]
+        regions = self.memory.edges
+        requests = []
+        for lo, hi, members in spans:
+            if hi > lo:
+                j = members[0] // p
+                base = int(self.offsets[j * p])
+                requests += [(name, lo, hi, regions[name][slot_of[j], lo - base:hi - base]) for name in self.edge_names]
 
         def place(arrays: list[np.ndarray]) -> None:
             per_span = iter(arrays)

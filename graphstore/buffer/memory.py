@@ -147,7 +147,11 @@ class BufferMemory:
     dirty: list[bool] = field(default_factory=list)
     """Slot z's embeddings differ from the store's."""
     buckets: dict = field(default_factory=dict)
-    """Edge buckets ``(i, j) -> (src, dst, rel)`` read while i and j are held."""
+    """Edge buckets ``(i, j) -> (src, dst, rel)`` read while i and j are held (views into
+    ``edges``)."""
+    edges: dict = field(default_factory=dict)
+    """Edge array name -> [num_slots, max in-edges of a partition]: slot z's region holds
+    buckets (i, j) of the partition j in slot z at their offsets within j's in-edges."""
     in_use: bool = False
 
     @classmethod
@@ -184,8 +188,17 @@ class BufferMemory:
                 raise ConfigError("a static cache with learnable embeddings is not supported "
                                   "(cached rows would need their own write-back)")
             embeddings = empty((int(num_slots) * P, 2, int(embedding_dim)), torch.float32)
+        # Each slot's edge region mirrors its partition's in-edges as the store lays them out
+        # (all buckets (i, j) of destination j are adjacent), so bucket (i, j) is read to
+        # the same offset of j's region it has in the store: no allocation per read. Only
+        # the pages of buckets actually read are touched (np.empty reserves, it does not fill).
+        in_edges = np.diff(store.bucket_offsets[::store.num_partitions])
+        rows = int(in_edges.max(initial=0))
+        names = ["edges/src", "edges/dst"] + (["edges/rel"] if m.has_relations else [])
+        dtypes = [m.index_dtype, m.index_dtype] + (["int32"] if m.has_relations else [])
+        edges = {name: np.empty((int(num_slots), rows), dtype) for name, dtype in zip(names, dtypes)}
         return cls(int(num_slots), P, features, labels, embeddings, int(cache_rows),
-                   holder=[-1] * int(num_slots), dirty=[False] * int(num_slots))
+                   holder=[-1] * int(num_slots), dirty=[False] * int(num_slots), edges=edges)
 
     @property
     def cache_start(self) -> int:
