@@ -180,6 +180,8 @@ class NodeLoader(_Loader):
         Fraction of nodes in the static cache (megabatch default 0.01; 0 = none).
     shuffle : bool
         Shuffle targets in each pass (off for evaluation: every target exactly once).
+    nodes : array of int, optional
+        Store ids to use as targets instead of ``split``'s nodes.
     seed : int
         With the epoch number, all randomness of an epoch.
     prefetch : bool
@@ -198,13 +200,19 @@ class NodeLoader(_Loader):
     def __init__(self, store: Store, *, split: str = "train", fanouts: Sequence[int], batch_size: int,
                  scheme: str = "minibatch", policy: str | None = None, capacity: int | None = None,
                  buffer_bytes: int | None = None, reuse: int | None = None, static_cache: float | None = None,
-                 shuffle: bool = True, seed: int = 0, prefetch: bool = True, direction: str = "in") -> None:
+                 shuffle: bool = True, seed: int = 0, prefetch: bool = True, direction: str = "in",
+                 nodes=None) -> None:
         if not store.manifest.has_labels:
             raise ConfigError(f"{store.path}: node classification needs labels; the store has none")
         if int(batch_size) < 1:
             raise ConfigError(f"batch_size must be >= 1 (got {batch_size})")
-        self.split = split
-        self.targets = np.asarray(store.read_node_split(split), dtype=np.int64)
+        self.split = split if nodes is None else "custom"
+        if nodes is None:
+            self.targets = np.asarray(store.read_node_split(split), dtype=np.int64)
+        else:
+            self.targets = np.unique(np.asarray(nodes, dtype=np.int64))
+            if self.targets.size and (self.targets[0] < 0 or self.targets[-1] >= store.num_nodes):
+                raise ConfigError(f"nodes must be store ids in [0, {store.num_nodes})")
         self.fanouts, self.batch_size, self.shuffle, self.direction = tuple(fanouts), int(batch_size), shuffle, direction
         target_parts = np.unique(self.targets // store.partition_size)
         self.train_partitions = target_parts.tolist()

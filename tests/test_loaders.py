@@ -131,3 +131,12 @@ def test_bad_arguments(store):
         NodeLoader(store, fanouts=(2,), batch_size=0)
     with pytest.raises(ConfigError, match="megabatch is for node classification"):
         EdgeLoader(store, batch_size=8, negatives=2, scheme="megabatch")
+
+
+def test_explicit_target_nodes(store):
+    nodes = np.array([5, 17, 250, 399, 17])
+    loader = NodeLoader(store, nodes=nodes, fanouts=(2,), batch_size=2, scheme="disk", shuffle=False)
+    seen = sorted(t for b in loader.epoch(0) for t in b.store_ids[b.dense.node_id_offsets[-1]:].tolist())
+    assert seen == [5, 17, 250, 399] and loader.settings["split"] == "custom"
+    with pytest.raises(ConfigError, match="nodes must be store ids"):
+        NodeLoader(store, nodes=[400], fanouts=(2,), batch_size=2)
