@@ -222,7 +222,7 @@ class NodeLoader(_Loader):
         self._capacity_arg = capacity
         super().__init__(store, scheme=scheme, policy=policy, capacity=capacity, buffer_bytes=buffer_bytes,
                          seed=seed, prefetch=prefetch, cache_fraction=static_cache)
-        self.settings.update(split=split, fanouts=list(self.fanouts), batch_size=self.batch_size,
+        self.settings.update(split=self.split, fanouts=list(self.fanouts), batch_size=self.batch_size,
                              reuse=self.reuse, shuffle=shuffle, num_targets=int(self.targets.size))
 
     def _default_policy(self, scheme: str) -> str:
