@@ -7,12 +7,15 @@ PY := $(VENV)/bin/python
 # several GB). Override with `make TORCH_SPEC=torch` on a GPU machine.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# The compiled DENSE kernel is built by `pip install` (setup.py); editing its source must
+# rebuild it, so the stamp depends on it too.
+NATIVE_SRC := setup.py graphstore/sample/_native/dense.c
 
 .PHONY: demo test venv clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(NATIVE_SRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[test]"
@@ -25,4 +28,4 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache demo_out
+	rm -rf $(VENV) build *.egg-info .pytest_cache demo_out graphstore/sample/_native/_dense*.so

@@ -21,6 +21,8 @@ What it does:
   done or a case's time budget is spent (at least ``--min-batches``). Everything runs with
   ``torch.set_num_threads(1)`` (and ``OMP_NUM_THREADS=1`` for DGL); DENSE is also timed
   with 2 threads (``ms_median_2threads``).
+* **Backend.** ``sample_dense``'s backend is ``--dense-backend`` (default ``auto``: the
+  compiled kernel when it was built); each DENSE case records the one used in ``backend``.
 * **Work done.** DENSE: ``nodes_per_batch`` = distinct nodes in the DENSE, and
   ``edges_per_batch`` = sampled edges (each node sampled once). DGL and the reference
   sampler: ``nodes_per_batch`` = distinct input nodes (``blocks[0].src_nodes``, the same
@@ -38,7 +40,9 @@ What it does:
 
 The JSON: ``{"cases": [...], "graph": {...}, "graphsage": [...], "ratios": {...},
 "machine": {...}, "settings": {...}}``; ``ratios`` holds ``dgl_ms / dense_ms`` and
-``reference_ms / dense_ms`` (medians) per fanout setting.
+``reference_ms / dense_ms`` (medians) per fanout setting, and ``dgl_cpu_ms / dense_cpu_ms``:
+each sampling case also records ``cpu_ms_median``, the process CPU time per batch, which
+other jobs on a shared machine inflate less than wall time.
 """
 
 from __future__ import annotations
@@ -129,32 +133,37 @@ def load_or_make(cache: Path, num_nodes: int, num_edges: int, num_batches: int, 
 # ----------------------------------------------------------------------------- timing
 
 def summarise(sampler: str, fanouts, batch_size: int, times: list[float], nodes: list[float],
-              edges: list[float], **extra) -> dict:
+              edges: list[float], cpu_times: list[float] | None = None, **extra) -> dict:
     case = {"sampler": sampler, "fanouts": list(fanouts), "batch_size": batch_size,
             "ms_median": round(1e3 * statistics.median(times), 3),
             "ms_min": round(1e3 * min(times), 3), "ms_max": round(1e3 * max(times), 3),
             "nodes_per_batch": round(statistics.fmean(nodes), 1),
             "edges_per_batch": round(statistics.fmean(edges), 1),
             "timed_batches": len(times)}
+    if cpu_times:
+        # Process CPU time per batch: unlike wall time it does not grow while other jobs hold
+        # the cores, so it is the steadier figure on a shared machine (both are reported).
+        case["cpu_ms_median"] = round(1e3 * statistics.median(cpu_times), 3)
     case.update(extra)
     return case
 
 
 def run_batches(fn, targets, warmup: int, max_batches: int, min_batches: int, budget_s: float):
-    """Call ``fn(batch)`` on warm-up then timed batches; returns (times, results)."""
+    """Call ``fn(batch)`` on warm-up then timed batches; returns (times, results, cpu_times)."""
     for i in range(warmup):
         fn(targets[i % len(targets)])
-    times, results = [], []
+    times, results, cpu_times = [], [], []
     start = time.perf_counter()
     for i in range(max_batches):
         batch = targets[(warmup + i) % len(targets)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = fn(batch)
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
         results.append(res)
         if len(times) >= min_batches and time.perf_counter() - start > budget_s:
             break
-    return times, results
+    return times, results, cpu_times
 
 
 # ----------------------------------------------------------------------------- GraphSage helper
@@ -245,17 +254,18 @@ for fanouts in cfg["fanouts"]:  # DGL order: input layer first
                 sum(b.num_edges() for b in blocks))
     for i in range(cfg["warmup"]):
         run(targets[i % len(targets)])
-    times, stats = [], []
+    times, stats, cpu = [], [], []
     start = time.perf_counter()
     for i in range(cfg["max_batches"]):
         batch = targets[(cfg["warmup"] + i) % len(targets)]
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         res = run(batch)
         times.append(time.perf_counter() - t1)
+        cpu.append(time.process_time() - c1)
         stats.append(res)
         if len(times) >= cfg["min_batches"] and time.perf_counter() - start > cfg["budget_s"]:
             break
-    out["cases"].append({"fanouts_dgl": list(fanouts), "times": times, "stats": stats})
+    out["cases"].append({"fanouts_dgl": list(fanouts), "times": times, "stats": stats, "cpu_times": cpu})
 print("DGL_JSON " + json.dumps(out))
 """
 
@@ -325,7 +335,7 @@ def run_dgl(py: str, cache: Path, num_nodes: int, args: argparse.Namespace, budg
 
 # ----------------------------------------------------------------------------- main
 
-def machine_info() -> dict:
+def machine_info(loadavg_at_start: list[float]) -> dict:
     import torch
     cpu = ""
     try:
@@ -337,7 +347,7 @@ def machine_info() -> dict:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
             "torch": torch.__version__, "numpy": np.__version__,
-            "loadavg_at_start": list(os.getloadavg()),
+            "loadavg_at_start": loadavg_at_start, "loadavg_at_end": list(os.getloadavg()),
             "note": "shared, noisy machine: compare samplers within this run (ratios), not across runs"}
 
 
@@ -358,10 +368,13 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, default=None, help="timed batches per case (at most)")
     p.add_argument("--budget-s", type=float, default=None, help="stop timing a case after this long")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dense-backend", default="auto", choices=("auto", "native", "torch"),
+                   help="sample_dense's backend (auto: the compiled kernel when built)")
     args = p.parse_args(argv)
+    loadavg_at_start = list(os.getloadavg())
 
     import torch
-    from graphstore.sample import CSCGraph, new_workspace, sample_blocks, sample_dense
+    from graphstore.sample import CSCGraph, native_available, new_workspace, sample_blocks, sample_dense
 
     quick = args.quick
     num_nodes = args.nodes or (1 << 17 if quick else 1 << 21)
@@ -399,11 +412,16 @@ def main(argv=None) -> int:
     dense_by_fanouts: dict[tuple, dict] = {}
     ref_by_fanouts: dict[tuple, dict] = {}
     workspace = new_workspace(graph)
+    dense_backend = args.dense_backend
+    if dense_backend == "auto":
+        dense_backend = "native" if native_available() else "torch"
+    log(f"DENSE backend: {dense_backend}")
     for fanouts in FANOUT_CASES:
         gen = torch.Generator().manual_seed(args.seed)
 
         def dense_fn(t):
-            d = sample_dense(graph, t, fanouts, generator=gen, workspace=workspace)
+            d = sample_dense(graph, t, fanouts, generator=gen, workspace=workspace,
+                             backend=args.dense_backend)
             return d.num_nodes, d.num_edges
 
         results = {}
@@ -415,9 +433,11 @@ def main(argv=None) -> int:
                                            budget["min_batches"] if threads == 1 else 3,
                                            budget["budget_s"] if threads == 1 else budget["budget_s"] / 4)
         torch.set_num_threads(1)
-        times, res = results[1]
+        times, res, cpu = results[1]
         case = summarise("dense", fanouts, args.batch_size, times, [r[0] for r in res], [r[1] for r in res],
-                         threads=1, ms_median_2threads=round(1e3 * statistics.median(results[2][0]), 3))
+                         cpu,
+                         threads=1, ms_median_2threads=round(1e3 * statistics.median(results[2][0]), 3),
+                         backend=dense_backend)
         cases.append(case)
         dense_by_fanouts[fanouts] = case
         log(f"dense {fanouts}: {case['ms_median']} ms, {case['nodes_per_batch']} nodes, "
@@ -428,9 +448,10 @@ def main(argv=None) -> int:
             return (int(blocks[0].src_nodes.numel()), sum(int(b.src_nodes.numel()) for b in blocks),
                     sum(b.num_edges for b in blocks))
 
-        times, res = run_batches(ref_fn, batches, budget["warmup"], budget["batches"],
+        times, res, cpu = run_batches(ref_fn, batches, budget["warmup"], budget["batches"],
                                  budget["min_batches"], budget["budget_s"])
         case = summarise("reference", fanouts, args.batch_size, times, [r[0] for r in res], [r[2] for r in res],
+                         cpu,
                          threads=1, src_nodes_sum_per_batch=round(statistics.fmean(r[1] for r in res), 1))
         cases.append(case)
         ref_by_fanouts[fanouts] = case
@@ -453,7 +474,8 @@ def main(argv=None) -> int:
                 for fanouts, rc in zip(FANOUT_CASES, out["cases"]):
                     st = rc["stats"]
                     case = summarise("dgl", fanouts, args.batch_size, rc["times"], [s[0] for s in st],
-                                     [s[2] for s in st], threads=1, fanouts_dgl_order=rc["fanouts_dgl"],
+                                     [s[2] for s in st], rc.get("cpu_times"), threads=1,
+                                     fanouts_dgl_order=rc["fanouts_dgl"],
                                      src_nodes_sum_per_batch=round(statistics.fmean(s[1] for s in st), 1))
                     cases.append(case)
                     dgl_by_fanouts[fanouts] = case
@@ -473,6 +495,9 @@ def main(argv=None) -> int:
         r = {"reference_ms_over_dense_ms": round(ref_by_fanouts[fanouts]["ms_median"] / dense_ms, 2)}
         r["dgl_ms_over_dense_ms"] = (round(dgl_by_fanouts[fanouts]["ms_median"] / dense_ms, 2)
                                      if fanouts in dgl_by_fanouts else None)
+        dgl_cpu = dgl_by_fanouts.get(fanouts, {}).get("cpu_ms_median")
+        r["dgl_cpu_ms_over_dense_cpu_ms"] = (round(dgl_cpu / dense_by_fanouts[fanouts]["cpu_ms_median"], 2)
+                                             if dgl_cpu else None)
         ratios[key] = r
 
     # GraphSage forward + backward on DENSE and on the reference blocks.
@@ -490,7 +515,8 @@ def main(argv=None) -> int:
             n_prep = sage_budget["warmup"] + sage_budget["batches"]
             for t in batches[:n_prep]:
                 if on == "dense":
-                    d = sample_dense(graph, t, fanouts, generator=gen, workspace=workspace)
+                    d = sample_dense(graph, t, fanouts, generator=gen, workspace=workspace,
+                                     backend=args.dense_backend)
                     prepared.append((d, feats.index_select(0, d.node_ids), d.num_nodes, d.num_edges))
                 else:
                     blocks = sample_blocks(graph, t, fanouts, generator=gen)
@@ -504,7 +530,7 @@ def main(argv=None) -> int:
                 out.square().mean().backward()
                 return item[2], item[3]
 
-            times, res = run_batches(step, prepared, sage_budget["warmup"], sage_budget["batches"],
+            times, res, _ = run_batches(step, prepared, sage_budget["warmup"], sage_budget["batches"],
                                      sage_budget["min_batches"], sage_budget["budget_s"])
             entry = summarise(on, fanouts, args.batch_size, times, [r[0] for r in res], [r[1] for r in res],
                               model="GraphSage mean, 3 layers, 100->128->128->128", threads=1)
@@ -515,7 +541,7 @@ def main(argv=None) -> int:
             ratios["graphsage_reference_ms_over_dense_ms"] = round(sage[1]["ms_median"] / sage[0]["ms_median"], 2)
 
     result = {"cases": cases, "graph": graph_info, "ratios": ratios, "graphsage": sage,
-              "dgl": dgl_info or {"skipped": reason}, "machine": machine_info(),
+              "dgl": dgl_info or {"skipped": reason}, "machine": machine_info(loadavg_at_start),
               "settings": {"quick": quick, "command": " ".join(["python", "tools/bench_sampling.py"] +
                                                                (argv if argv is not None else sys.argv[1:])),
                            "fanouts_order": "fanouts[0] is the hop nearest the targets (DGL gets the reverse)",

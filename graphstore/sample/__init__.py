@@ -1,16 +1,25 @@
 """Samplers: from the resident graph (seen through `SampleGraph`) to `DENSE` / `Batch`.
 
-`sample_dense` is the production sampler; `sample_blocks` (DGL-style per-layer blocks) is
-the reference it is checked and compared against; `sample_negatives` draws link
+`sample_dense` is the production sampler (a compiled kernel on the CPU when it was built,
+see `native_available`, and torch ops otherwise); `sample_blocks` (DGL-style per-layer
+blocks) is the reference it is checked and compared against; `sample_negatives` draws link
 prediction's negatives, shared per chunk of a batch.
 """
 
 from graphstore.sample.base import DENSE, Batch, CSCGraph, DenseLayer, SampleGraph
-from graphstore.sample.dense import DIRECTIONS, new_workspace, sample_dense, sample_neighbours
+from graphstore.sample.dense import (
+    BACKENDS,
+    DIRECTIONS,
+    native_available,
+    new_workspace,
+    sample_dense,
+    sample_neighbours,
+)
 from graphstore.sample.negatives import NegativeSample, num_degree_negatives, sample_negatives
 from graphstore.sample.reference import Block, dense_neighbours, sample_blocks
 
 __all__ = [
+    "BACKENDS",
     "DENSE",
     "DIRECTIONS",
     "Batch",
@@ -20,6 +29,7 @@ __all__ = [
     "NegativeSample",
     "SampleGraph",
     "dense_neighbours",
+    "native_available",
     "new_workspace",
     "num_degree_negatives",
     "sample_blocks",

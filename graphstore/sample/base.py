@@ -41,6 +41,11 @@ the reverse of DGL, whose ``fanouts[i]`` belongs to layer ``i`` counted from the
       h      = update(h_self, h_agg)                             # [N - off[k+1], D']
 
   and the outermost hop is pruned by those slices alone; `DENSE.layer` returns them.
+* ``edge_ids``, int64 [E] or None (``sample_dense(..., return_edge_ids=True)``): aligned
+  with ``nbrs``, the position of each sampled edge in the graph's ``indices``, so per-edge
+  data (RGCN's relation types) is ``rel[edge_ids]``; layer ``k``'s slice starts where
+  ``repr_map[k]`` does. With ``direction="both"``, an out-edge's id is
+  ``indices.numel()`` + its position in ``out_indices``.
 
 A node's sample may contain nodes of any hop up to its own hop plus one (including
 itself on a self loop): a neighbour already reached is not reached again, and the sample is
@@ -185,6 +190,9 @@ class DenseLayer(NamedTuple):
     """int64 [E_k], ``repr_map[k]``: input row of each sampled neighbour, grouped by output."""
     nbr_counts: torch.Tensor
     """int64 [num_outputs], sample size of each output node (segment lengths of nbr_index)."""
+    edge_ids: torch.Tensor | None = None
+    """int64 [E_k], graph edge position of each ``nbr_index`` entry (`DENSE.edge_ids`'s
+    slice), or None when the DENSE was sampled without edge ids."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,8 +226,9 @@ class DENSE:
 
     >>> [t.tolist() for t in d.repr_map]
     [[0, 4, 0, 1, 2, 3], [0, 1, 2]]
-    >>> d.layer(1)
-    DenseLayer(num_inputs=4, num_outputs=1, self_start=3, nbr_index=tensor([0, 1, 2]), nbr_counts=tensor([3]))
+    >>> d.layer(1)  # doctest: +NORMALIZE_WHITESPACE
+    DenseLayer(num_inputs=4, num_outputs=1, self_start=3, nbr_index=tensor([0, 1, 2]),
+               nbr_counts=tensor([3]), edge_ids=None)
     """
 
     node_ids: torch.Tensor
@@ -235,6 +244,10 @@ class DENSE:
     ``repr_map[0]`` is ``nbrs`` itself (the same tensor)."""
     fanouts: tuple[int, ...]
     """The fanouts sampled with; ``fanouts[0]`` is the hop nearest the targets, -1 = all."""
+    edge_ids: torch.Tensor | None = None
+    """int64 [E] aligned with ``nbrs``: each sampled edge's position in the graph's
+    ``indices`` (``indices.numel()`` + position in ``out_indices`` for an out-edge), or None
+    unless sampled with ``return_edge_ids=True``."""
 
     @property
     def num_layers(self) -> int:
@@ -274,8 +287,12 @@ class DENSE:
         off = self.node_id_offsets.tolist() + [self.num_nodes]
         first = off[k + 1] - off[1]
         counts = self.nbr_offsets[first + 1:] - self.nbr_offsets[first:-1]
+        edge_ids = None
+        if self.edge_ids is not None:
+            # repr_map[k] is the suffix of nbrs of the same length; slice edge_ids alike.
+            edge_ids = self.edge_ids[self.edge_ids.numel() - self.repr_map[k].numel():]
         return DenseLayer(self.num_nodes - off[k], self.num_nodes - off[k + 1], off[k + 1] - off[k],
-                          self.repr_map[k], counts)
+                          self.repr_map[k], counts, edge_ids)
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> DENSE:
         """A copy with every tensor on ``device``."""
@@ -285,8 +302,9 @@ class DENSE:
         nbrs = move(self.nbrs)
         # repr_map[0] is nbrs itself; keep it shared rather than holding two device copies.
         repr_map = (nbrs,) + tuple(move(t) for t in self.repr_map[1:])
+        edge_ids = None if self.edge_ids is None else move(self.edge_ids)
         return DENSE(move(self.node_ids), move(self.node_id_offsets), nbrs, move(self.nbr_offsets),
-                     repr_map, self.fanouts)
+                     repr_map, self.fanouts, edge_ids)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,12 @@
 """DENSE sampling: layout invariants, exactness against full k-hop neighbourhoods, sampling
-statistics, and equivalence with the reference layer-wise sampler."""
+statistics, and equivalence with the reference layer-wise sampler.
+
+Every `sample_dense` test runs on both backends (the compiled kernel and torch); the
+kernel's own tests (statistics, edge ids, errors, fallback) are in test_dense_native.py."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -18,13 +23,23 @@ from graphstore.sample import (
     CSCGraph,
     SampleGraph,
     dense_neighbours,
+    native_available,
     new_workspace,
     sample_blocks,
     sample_dense,
     sample_neighbours,
 )
+from graphstore.sample import _native
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+# Under CI the native cases are never skipped: a missing kernel makes them fail
+# (backend="native" raises), so a broken build cannot pass as a torch-only run.
+_NATIVE_SKIP = pytest.mark.skipif(not native_available() and not os.environ.get("CI"),
+                                  reason=f"compiled DENSE kernel not built: {_native.load_error()}")
+BACKENDS = ["torch", pytest.param("native", marks=_NATIVE_SKIP)]
+DEVICE_BACKENDS = [("cpu", "torch"), pytest.param("cpu", "native", marks=_NATIVE_SKIP)] + (
+    [("cuda", "torch")] if torch.cuda.is_available() else [])
 
 
 def random_graph(num_nodes: int, num_edges: int, seed: int, *, device: str = "cpu") -> CSCGraph:
@@ -42,6 +57,18 @@ def in_neighbours(graph: CSCGraph, v: int, direction: str = "in") -> list[int]:
     if direction == "both":
         nbrs += graph.out_indices[graph.out_indptr[v]:graph.out_indptr[v + 1]].tolist()
     return sorted(nbrs)
+
+
+def edge_endpoints(graph: CSCGraph, edge_id: int) -> tuple[int, int]:
+    """(neighbour, sampled node) of a DENSE edge id: an in-edge's position in indices, or
+    num_edges + an out-edge's position in out_indices."""
+    num_in = graph.indices.numel()
+    if edge_id < num_in:
+        owner = int(torch.searchsorted(graph.indptr, edge_id, right=True)) - 1
+        return int(graph.indices[edge_id]), owner
+    edge_id -= num_in
+    owner = int(torch.searchsorted(graph.out_indptr, edge_id, right=True)) - 1
+    return int(graph.out_indices[edge_id]), owner
 
 
 def hop_of_each_node(dense: DENSE) -> list[int]:
@@ -112,6 +139,20 @@ def check_invariants(graph: CSCGraph, targets: torch.Tensor, fanouts, dense: DEN
         assert got == expected
         rows = [where[v] - off[1] for v in outputs]
         assert layer.nbr_counts.tolist() == [nbr_offsets[j + 1] - nbr_offsets[j] for j in rows]
+        if dense.edge_ids is None:
+            assert layer.edge_ids is None
+        else:
+            assert [edge_endpoints(graph, e)[0] for e in layer.edge_ids.tolist()] == got
+    if dense.edge_ids is not None:
+        # Each edge id names an edge of the graph from the sampled node to its neighbour,
+        # and no edge is drawn twice for one node.
+        assert dense.edge_ids.dtype == torch.int64 and dense.edge_ids.shape == dense.nbrs.shape
+        edge_ids = dense.edge_ids.tolist()
+        for j, v in enumerate(node_ids[off[1]:]):
+            ids = edge_ids[nbr_offsets[j]:nbr_offsets[j + 1]]
+            assert len(set(ids)) == len(ids)
+            for e, x in zip(ids, nbrs[nbr_offsets[j]:nbr_offsets[j + 1]]):
+                assert edge_endpoints(graph, e) == (node_ids[x], v)
 
 
 @st.composite
@@ -125,48 +166,54 @@ def cases(draw):
     return num_nodes, num_edges, graph_seed, fanouts, targets, seed
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=150, deadline=None)
-@given(cases(), st.sampled_from(["in", "both"]), st.booleans())
-def test_layout_invariants_on_random_graphs(case, direction, reuse_workspace):
+@given(cases(), st.sampled_from(["in", "both"]), st.booleans(), st.booleans())
+def test_layout_invariants_on_random_graphs(backend, case, direction, reuse_workspace, with_ids):
     num_nodes, num_edges, graph_seed, fanouts, targets, seed = case
     graph = random_graph(num_nodes, num_edges, graph_seed)
     targets = torch.tensor(targets, dtype=torch.int64)
     workspace = new_workspace(graph) if reuse_workspace else None
     for _ in range(2 if reuse_workspace else 1):      # the second call sees the handed-back workspace
         dense = sample_dense(graph, targets, fanouts, generator=torch.Generator().manual_seed(seed),
-                             direction=direction, workspace=workspace)
+                             direction=direction, workspace=workspace, backend=backend,
+                             return_edge_ids=with_ids)
         check_invariants(graph, targets, fanouts, dense, direction)
+        assert (dense.edge_ids is not None) == with_ids
     if reuse_workspace:
         assert bool((workspace == -1).all())
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_isolated_nodes_and_zero_fanout(device):
+@pytest.mark.parametrize("device,backend", DEVICE_BACKENDS)
+def test_isolated_nodes_and_zero_fanout(device, backend):
     # node 3 is isolated, node 0 has in-neighbours 1 and 2
     graph = CSCGraph.from_edges(torch.tensor([1, 2, 0], device=device),
                                 torch.tensor([0, 0, 1], device=device), 4)
     gen = torch.Generator(device).manual_seed(0)
-    dense = sample_dense(graph, torch.tensor([3], device=device), (5, 5), generator=gen)
+    dense = sample_dense(graph, torch.tensor([3], device=device), (5, 5), generator=gen, backend=backend)
     assert dense.node_ids.tolist() == [3] and dense.node_id_offsets.tolist() == [0, 0, 0]
     assert dense.nbrs.numel() == 0 and dense.nbr_offsets.tolist() == [0, 0]
     assert [layer.num_outputs for layer in map(dense.layer, range(2))] == [1, 1]
-    dense = sample_dense(graph, torch.tensor([0, 3], device=device), (0, 3), generator=gen)
+    dense = sample_dense(graph, torch.tensor([0, 3], device=device), (0, 3), generator=gen, backend=backend)
     assert dense.node_ids.tolist() == [0, 3] and dense.nbr_offsets.tolist() == [0, 0, 0]
-    dense = sample_dense(graph, torch.tensor([0], device=device), (2, 0), generator=gen)
+    dense = sample_dense(graph, torch.tensor([0], device=device), (2, 0), generator=gen, backend=backend)
     assert dense.node_ids.tolist() == [1, 2, 0] and dense.nbr_offsets.tolist() == [0, 0, 0, 2]
     assert dense.node_ids.device.type == device
-    empty = sample_dense(graph, torch.tensor([], dtype=torch.int64, device=device), (3, 3), generator=gen)
+    empty = sample_dense(graph, torch.tensor([], dtype=torch.int64, device=device), (3, 3), generator=gen,
+                         backend=backend)
     assert empty.num_nodes == 0 and empty.num_targets == 0 and empty.nbr_offsets.tolist() == [0]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_full_fanout_equals_k_hop_in_neighbourhood(seed):
+def test_full_fanout_equals_k_hop_in_neighbourhood(seed, backend):
     num_nodes, num_layers = 300, 3
     graph = random_graph(num_nodes, 700, seed)
     max_deg = int((graph.indptr[1:] - graph.indptr[:-1]).max())
     targets = torch.randperm(num_nodes, generator=torch.Generator().manual_seed(seed))[:7]
     for fanouts in [(-1,) * num_layers, (max_deg,) * num_layers, (max_deg + 3, -1, max_deg)]:
-        dense = sample_dense(graph, targets, fanouts, generator=torch.Generator().manual_seed(seed))
+        dense = sample_dense(graph, targets, fanouts, generator=torch.Generator().manual_seed(seed),
+                             backend=backend)
         # adj_t[u, v] = 1 for an edge u -> v, so (adj_t @ reach)[u] > 0 iff u has an edge into
         # a reached node: after j products, reach = nodes with a path of length <= j to a target.
         src = graph.indices.numpy()
@@ -262,13 +309,14 @@ def run_blocks(blocks, features: torch.Tensor, weights) -> torch.Tensor:
     return h
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("direction", ["in", "both"])
 @pytest.mark.parametrize("fanouts", [(3,), (3, 2), (2, 4, 3), (-1, 0, 2), (5, 5, 5, 5)])
-def test_mean_aggregation_equals_reference_blocks_on_the_same_samples(fanouts, direction):
+def test_mean_aggregation_equals_reference_blocks_on_the_same_samples(fanouts, direction, backend):
     graph = random_graph(400, 2500, seed=len(fanouts))
     gen = torch.Generator().manual_seed(3)
     targets = torch.randperm(400, generator=gen)[:25]
-    dense = sample_dense(graph, targets, fanouts, generator=gen, direction=direction)
+    dense = sample_dense(graph, targets, fanouts, generator=gen, direction=direction, backend=backend)
     blocks = sample_blocks(graph, targets, fanouts, neighbours=dense_neighbours(dense))
     assert blocks[-1].dst_nodes.tolist() == targets.tolist()
     assert set(blocks[0].src_nodes.tolist()) == set(dense.node_ids.tolist())
@@ -294,12 +342,14 @@ def test_reference_sampler_draws_per_block():
         assert len(set(block.src_nodes.tolist())) == block.src_nodes.numel()
 
 
-def test_same_seed_same_sample_different_seed_different_sample():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_same_seed_same_sample_different_seed_different_sample(backend):
     graph = random_graph(500, 8000, seed=4)
     targets = torch.arange(50)
 
     def draw(seed):
-        return sample_dense(graph, targets, (4, 3), generator=torch.Generator().manual_seed(seed))
+        return sample_dense(graph, targets, (4, 3), generator=torch.Generator().manual_seed(seed),
+                            backend=backend)
 
     a, b, c = draw(7), draw(7), draw(8)
     for field in ("node_ids", "node_id_offsets", "nbrs", "nbr_offsets"):
@@ -307,25 +357,37 @@ def test_same_seed_same_sample_different_seed_different_sample():
     assert not (torch.equal(a.node_ids, c.node_ids) and torch.equal(a.nbrs, c.nbrs))
 
 
-def test_workspace_gives_the_same_sample_and_is_checked():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_workspace_gives_the_same_sample_and_is_checked(backend):
     graph = random_graph(500, 8000, seed=6)
     workspace = new_workspace(graph)
+    assert workspace.dtype == torch.int32                   # half the bytes below 2**31 nodes
+    wide = torch.full((500,), -1, dtype=torch.int64)        # int64 is accepted too
     for seed in range(3):
         targets = torch.randperm(500, generator=torch.Generator().manual_seed(seed))[:40]
-        a = sample_dense(graph, targets, (5, 3, 2), generator=torch.Generator().manual_seed(seed))
-        b = sample_dense(graph, targets, (5, 3, 2), generator=torch.Generator().manual_seed(seed),
-                         workspace=workspace)
-        assert torch.equal(a.node_ids, b.node_ids) and torch.equal(a.nbrs, b.nbrs)
-        assert bool((workspace == -1).all())
+        a = sample_dense(graph, targets, (5, 3, 2), generator=torch.Generator().manual_seed(seed),
+                         backend=backend)
+        for ws in (workspace, wide):
+            b = sample_dense(graph, targets, (5, 3, 2), generator=torch.Generator().manual_seed(seed),
+                             workspace=ws, backend=backend)
+            assert torch.equal(a.node_ids, b.node_ids) and torch.equal(a.nbrs, b.nbrs)
+            assert b.nbrs.dtype == torch.int64
+            assert bool((ws == -1).all())
     with pytest.raises(ConfigError, match="new_workspace"):
-        sample_dense(graph, torch.tensor([1]), (2,), workspace=torch.full((499,), -1))
+        sample_dense(graph, torch.tensor([1]), (2,), workspace=torch.full((499,), -1), backend=backend)
+    with pytest.raises(ConfigError, match="int32 or torch.int64"):
+        sample_dense(graph, torch.tensor([1]), (2,), workspace=torch.full((500,), -1.0), backend=backend)
+    with pytest.raises(ConfigError, match="contiguous"):
+        sample_dense(graph, torch.tensor([1]), (2,), workspace=torch.full((1000,), -1)[::2], backend=backend)
 
 
-def test_batch_gathers_features_and_labels_and_moves():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_gathers_features_and_labels_and_moves(backend):
     graph = random_graph(100, 600, seed=1)
     features = torch.arange(100, dtype=torch.float32)[:, None] + torch.tensor([0.0, 0.5])
     labels = torch.arange(100) * 3
-    dense = sample_dense(graph, torch.tensor([5, 9, 2]), (3, 3), generator=torch.Generator().manual_seed(0))
+    dense = sample_dense(graph, torch.tensor([5, 9, 2]), (3, 3), generator=torch.Generator().manual_seed(0),
+                         return_edge_ids=True, backend=backend)
     batch = Batch.gather(dense, features, labels)
     assert batch.features[:, 0].tolist() == dense.node_ids.float().tolist()   # features = ids
     assert batch.labels.tolist() == [15, 27, 6]
@@ -335,6 +397,8 @@ def test_batch_gathers_features_and_labels_and_moves():
         assert all(t.device.type == device for t in moved.dense.repr_map)
         assert moved.dense.repr_map[0] is moved.dense.nbrs
         assert torch.equal(moved.dense.node_ids.cpu(), dense.node_ids)
+        assert moved.dense.edge_ids.device.type == device
+        assert torch.equal(moved.dense.edge_ids.cpu(), dense.edge_ids)
 
 
 def test_csc_graph_satisfies_the_protocol_and_builds_both_directions():
@@ -349,6 +413,7 @@ def test_csc_graph_satisfies_the_protocol_and_builds_both_directions():
         CSCGraph.from_edges(torch.tensor([0]), torch.tensor([50]), 50)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("targets,fanouts,direction,message", [
     ([0, 0], (2,), "in", "distinct"),
     ([60], (2,), "in", r"\[0, 50\)"),
@@ -357,22 +422,25 @@ def test_csc_graph_satisfies_the_protocol_and_builds_both_directions():
     ([1], (2.5,), "in", ">= -1"),
     ([1], (2,), "out", "direction"),
 ])
-def test_bad_arguments_raise_config_error(targets, fanouts, direction, message):
+def test_bad_arguments_raise_config_error(targets, fanouts, direction, message, backend):
     graph = random_graph(50, 300, seed=3)
     with pytest.raises(ConfigError, match=message):
-        sample_dense(graph, torch.tensor(targets), fanouts, direction=direction)
+        sample_dense(graph, torch.tensor(targets), fanouts, direction=direction, backend=backend)
 
 
-def test_numpy_fanouts_and_list_targets_are_accepted():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_numpy_fanouts_and_list_targets_are_accepted(backend):
     graph = random_graph(50, 300, seed=3)
-    dense = sample_dense(graph, [4, 2], np.array([3, 2]), generator=torch.Generator().manual_seed(0))
+    dense = sample_dense(graph, [4, 2], np.array([3, 2]), generator=torch.Generator().manual_seed(0),
+                         backend=backend)
     assert dense.targets.tolist() == [4, 2] and dense.fanouts == (3, 2)
 
 
-def test_both_directions_needs_out_edges():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_both_directions_needs_out_edges(backend):
     graph = CSCGraph.from_edges(torch.tensor([0]), torch.tensor([1]), 2, out_edges=False)
     with pytest.raises(ConfigError, match="out_indptr"):
-        sample_dense(graph, torch.tensor([1]), (1,), direction="both")
+        sample_dense(graph, torch.tensor([1]), (1,), direction="both", backend=backend)
     both = CSCGraph.from_edges(torch.tensor([0]), torch.tensor([1]), 2)
-    dense = sample_dense(both, torch.tensor([0]), (1,), direction="both")
+    dense = sample_dense(both, torch.tensor([0]), (1,), direction="both", backend=backend)
     assert dense.node_ids.tolist() == [1, 0]                          # reached along the out-edge
