@@ -166,63 +166,6 @@ def run_batches(fn, targets, warmup: int, max_batches: int, min_batches: int, bu
     return times, results, cpu_times
 
 
-# ----------------------------------------------------------------------------- GraphSage helper
-
-class BenchSage:
-    """A 3-layer mean-aggregator GraphSage used only to time forward + backward here.
-
-    Layer: ``h' = relu(h_self @ W_self + mean(h_nbr) @ W_nbr + b)`` (no relu on the last).
-    The aggregation is an ``index_select`` of neighbour rows and an ``index_add_`` into the
-    output rows; the same parameters serve DENSE and the reference blocks.
-    """
-
-    def __init__(self, dims, seed: int):
-        import torch
-        g = torch.Generator().manual_seed(seed)
-        self.params = []
-        for din, dout in zip(dims[:-1], dims[1:]):
-            scale = (1.0 / din) ** 0.5
-            w_self = (torch.randn(din, dout, generator=g) * scale).requires_grad_()
-            w_nbr = (torch.randn(din, dout, generator=g) * scale).requires_grad_()
-            b = torch.zeros(dout, requires_grad=True)
-            self.params.append((w_self, w_nbr, b))
-
-    @staticmethod
-    def _layer(h_self, h_src, nbr_index, owner, counts, params, last):
-        import torch
-        w_self, w_nbr, b = params
-        agg = torch.zeros(counts.numel(), h_src.shape[1], dtype=h_src.dtype)
-        agg = agg.index_add(0, owner, h_src.index_select(0, nbr_index))
-        agg = agg / counts.clamp(min=1).to(h_src.dtype)[:, None]
-        out = h_self @ w_self + agg @ w_nbr + b
-        return out if last else torch.relu(out)
-
-    def forward_dense(self, dense, x):
-        import torch
-        h = x
-        for k in range(dense.num_layers):
-            lay = dense.layer(k)
-            owner = torch.repeat_interleave(torch.arange(lay.num_outputs), lay.nbr_counts,
-                                            output_size=lay.nbr_index.numel())
-            h = self._layer(h[lay.self_start:], h, lay.nbr_index, owner, lay.nbr_counts,
-                            self.params[k], k == dense.num_layers - 1)
-        return h
-
-    def forward_blocks(self, blocks, x):
-        import torch
-        h = x
-        for k, blk in enumerate(blocks):
-            counts = torch.bincount(blk.edge_dst, minlength=blk.num_dst)
-            h = self._layer(h[:blk.num_dst], h, blk.edge_src, blk.edge_dst, counts,
-                            self.params[k], k == len(blocks) - 1)
-        return h
-
-    def zero_grad(self):
-        for group in self.params:
-            for p in group:
-                p.grad = None
-
-
 # ----------------------------------------------------------------------------- DGL
 
 DGL_SCRIPT = r"""
@@ -506,7 +449,11 @@ def main(argv=None) -> int:
         torch.set_num_threads(1)
         fanouts = FANOUT_CASES[0]
         feats = torch.rand(num_nodes, 100, generator=torch.Generator().manual_seed(args.seed + 7))
-        model = BenchSage((100, 128, 128, 128), args.seed)
+        from graphstore.nn import GNN
+
+        torch.manual_seed(args.seed)
+        # graphstore.nn's GraphSage; the same module runs on DENSE and on reference blocks.
+        model = GNN("sage", in_dim=100, hidden_dim=128, out_dim=128, num_layers=3)
         sage_budget = dict(budget, batches=min(budget["batches"], 10), min_batches=3,
                            budget_s=budget["budget_s"] / 2)
         for on in ("dense", "reference"):
@@ -526,14 +473,14 @@ def main(argv=None) -> int:
             def step(item, on=on):
                 model.zero_grad()
                 s, x, _, _ = item
-                out = model.forward_dense(s, x) if on == "dense" else model.forward_blocks(s, x)
+                out = model(x, s)
                 out.square().mean().backward()
                 return item[2], item[3]
 
             times, res, _ = run_batches(step, prepared, sage_budget["warmup"], sage_budget["batches"],
                                      sage_budget["min_batches"], sage_budget["budget_s"])
             entry = summarise(on, fanouts, args.batch_size, times, [r[0] for r in res], [r[1] for r in res],
-                              model="GraphSage mean, 3 layers, 100->128->128->128", threads=1)
+                              model="graphstore.nn.GNN('sage'), 3 layers, 100->128->128->128", threads=1)
             sage.append(entry)
             log(f"graphsage fwd+bwd on {on}: {entry['ms_median']} ms")
             del prepared
