@@ -1,0 +1,152 @@
+"""End to end: trainers/node_classification.py on the embedded Cora, every scheme; the
+metrics JSON's contract; exact resume; config file under flags; one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.trainers.conftest import REPO
+from trainers import node_classification as nc
+
+CHANCE = 1 / 7  # Cora has 7 classes
+FAST = ["--fanouts", "10,10", "--hidden", "32", "--lr", "0.02", "--batch-size", "1000"]
+
+
+def run(argv) -> int:
+    from trainers import common
+
+    return common.run(nc.PROG, nc.main, [str(a) for a in argv])
+
+
+def read(path):
+    return json.loads(path.read_text())
+
+
+def check_contract(m: dict, epochs: int) -> None:
+    """The fields issue 5 promises outside checks."""
+    assert m["task"] == "node_classification"
+    assert set(m["final"]) >= {"valid", "test"}
+    assert "acc" in m["final"]["valid"] and "acc" in m["final"]["test"]
+    assert len(m["epochs"]) == epochs
+    for e in m["epochs"]:
+        assert {"train_loss", "time_s", "io", "valid", "test"} <= set(e)
+        assert {"bytes_read", "bytes_written", "stall_s"} <= set(e["io"])
+    assert m["peak_memory_bytes"] > 0
+    assert {"python", "torch", "graphstore"} <= set(m["versions"])
+    cfg = m["config"]
+    for key in ("store", "model", "scheme", "fanouts", "eval_fanouts", "batch_size", "epochs", "lr", "hidden",
+                "dropout", "seed"):
+        assert key in cfg, key
+    loader = cfg["loaders"]["train"]
+    for key in ("scheme", "policy", "capacity", "num_partitions", "static_cache_fraction", "reuse",
+                "fanouts"):
+        assert key in loader, key
+
+
+@pytest.mark.parametrize("scheme, policy, capacity", [("minibatch", "in_memory", 8),
+                                                       ("megabatch", "hierbatching", 2),
+                                                       ("disk", "dispersed", 4)])
+def test_each_scheme_learns_and_writes_the_metrics(cora_store, tmp_path, scheme, policy, capacity, capsys):
+    out = tmp_path / "m.json"
+    assert run(["--store", cora_store, "--scheme", scheme, "--epochs", 3, "--metrics-out", out, *FAST]) == 0
+    m = read(out)
+    check_contract(m, 3)
+    loader = m["config"]["loaders"]["train"]
+    assert (loader["policy"], loader["capacity"]) == (policy, capacity)
+    if scheme == "megabatch":  # HierBatching's defaults: a quarter of p, 1 % cache, reuse 2
+        assert loader["reuse"] == 2 and loader["static_cache_nodes"] == 28
+        assert m["config"]["loaders"]["valid"]["reuse"] == 1
+    losses = [e["train_loss"] for e in m["epochs"]]
+    assert losses[-1] < losses[0]
+    assert m["final"]["test"]["acc"] > CHANCE + 0.35
+    assert m["epochs"][0]["io"]["bytes_read"] > 0
+    printed = capsys.readouterr().out
+    assert f"scheme {scheme}: policy {policy}" in printed and f"evaluation: scheme {scheme}" in printed
+    assert printed.count("\nepoch ") == 3  # one summary line per epoch
+
+
+def test_resume_reaches_the_uninterrupted_result(cora_store, tmp_path):
+    args = ["--store", cora_store, "--scheme", "megabatch", "--model", "sage", "--dropout", 0.5,
+            "--eval-fanouts", "5,5",
+            "--fanouts", "5,5", "--hidden", "16", "--batch-size", 64, "--seed", 3]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run([*args, "--epochs", 4, "--checkpoint-dir", straight,
+                "--metrics-out", straight / "m.json"]) == 0
+    assert run([*args, "--epochs", 2, "--checkpoint-dir", split]) == 0
+    assert (split / "latest").read_text().strip() == "epoch-0001"
+    assert run([*args, "--epochs", 4, "--checkpoint-dir", split, "--resume",
+                "--metrics-out", split / "m.json"]) == 0
+    a, b = read(straight / "m.json"), read(split / "m.json")
+    assert b["resumed_from"] == 1
+    assert a["final"] == b["final"]
+    assert [e["train_loss"] for e in a["epochs"]] == [e["train_loss"] for e in b["epochs"]]
+    pa = torch.load(straight / "epoch-0003" / "state.pt", weights_only=False)
+    pb = torch.load(split / "epoch-0003" / "state.pt", weights_only=False)
+    for key, value in pa["model"].items():
+        assert torch.equal(value, pb["model"][key]), key
+    assert not list(split.glob("epoch-0001"))  # older checkpoints dropped
+
+
+def test_resume_refuses_other_options(cora_store, tmp_path, capsys):
+    args = ["--store", cora_store, "--epochs", 1, "--checkpoint-dir", tmp_path, *FAST]
+    assert run(args) == 0
+    capsys.readouterr()
+    assert run([*args[:-8], "--fanouts", "5,5", "--epochs", 2, "--resume"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--fanouts" in err
+
+
+def test_config_file_is_overridden_by_flags(cora_store, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text(f'store = "{cora_store}"\nscheme = "disk"\nfanouts = [5, 5]\nhidden = 8\nepochs = 1\n'
+                      'eval-scheme = "minibatch"\n[optim]\nlr = 0.05\nno-prefetch = true\n')
+    out = tmp_path / "m.json"
+    assert run(["--config", config, "--hidden", 12, "--metrics-out", out]) == 0
+    cfg = read(out)["config"]
+    got = (cfg["scheme"], cfg["fanouts"], cfg["hidden"], cfg["epochs"], cfg["lr"])
+    assert got == ("disk", [5, 5], 12, 1, 0.05)
+    assert cfg["prefetch"] is False and cfg["loaders"]["train"]["prefetch"] is False
+    assert cfg["loaders"]["train"]["policy"] == "dispersed"
+    assert cfg["loaders"]["valid"]["policy"] == "in_memory"
+
+
+@pytest.mark.parametrize("text, needle", [('hiden = 3\n', "unknown option 'hiden'"),
+                                          ('scheme = "tape"\n', "scheme must be one of"),
+                                          ('fanouts = "a,b"\n', "fanouts"),
+                                          ('epochs = [\n', "not valid TOML")])
+def test_bad_config_is_one_line(cora_store, tmp_path, capsys, text, needle):
+    config = tmp_path / "c.toml"
+    config.write_text(text)
+    assert run(["--config", config, "--store", cora_store]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and needle in err and "c.toml" in err
+
+
+def test_missing_store_is_one_line_and_exit_1(tmp_path):
+    script = REPO / "trainers" / "node_classification.py"
+    proc = subprocess.run([sys.executable, str(script), "--store", str(tmp_path / "missing.gs")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"node_classification.py: error: {tmp_path / 'missing.gs'}: no such store"
+
+
+def test_bad_usage_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        nc.main(["--scheme", "minibatch"])  # no --store
+    assert exc.value.code == 2
+    assert "--store is required" in capsys.readouterr().err
+
+
+def test_shipped_configs_parse():
+    from trainers import common
+    from trainers import link_prediction as lp
+
+    for path, parser in [("cora_sage.toml", nc.build_parser()), ("wn18rr_distmult.toml", lp.build_parser())]:
+        config = REPO / "trainers" / "configs" / path
+        args = common.parse_options(parser, ["--config", str(config), "--store", "x"])
+        assert args.epochs > 1

@@ -1,0 +1,241 @@
+"""Train a GNN node classifier on a graphstore store, in memory or out of core.
+
+    python trainers/node_classification.py --store S.gs --model sage|gcn|gat|gin
+        --scheme minibatch|megabatch|disk [--policy sequential|dispersed|hierbatching]
+        [--buffer-partitions C | --buffer-bytes B] [--reuse P] [--static-cache R]
+        --fanouts 15,10 --batch-size 1000 --epochs E --lr 0.01 --hidden 64 --dropout 0.5
+        --seed 0 --device cpu --metrics-out M.json --checkpoint-dir D [--resume]
+        [--config C.toml] [--eval-fanouts -1,-1] [--eval-scheme S] [--weight-decay 5e-4] [--heads 4]
+
+Schemes (`graphstore.loaders`): ``minibatch`` holds the whole graph (the in-memory
+reference), ``megabatch`` HierBatching's mega-batches (a quarter of the partitions, a
+static cache of 1 % of nodes, reuse 2), ``disk`` MariusGNN's node policies (half the
+partitions). The loader's choices are printed at the start and recorded in the metrics.
+
+Evaluation (every epoch, valid and test splits) runs the model in eval mode over
+`NodeLoader` batches of the same scheme (or ``--eval-scheme``) with ``shuffle=False`` and
+``reuse=1`` (every target exactly once). Under megabatch/disk a target sees only the
+neighbours resident with it, as in training; ``--eval-scheme minibatch`` evaluates in
+memory instead, for graphs that fit. Its fanouts default to all neighbours (-1 per hop) when the store
+has at most ``FULL_EVAL_MAX_EDGES`` edges (exact and deterministic), else the training
+fanouts; ``--eval-fanouts`` overrides, and the choice is recorded.
+
+The ``final`` metrics are the last epoch's; ``best`` are those of the epoch with the best
+validation accuracy (the usual model selection), both in the metrics JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+from torch.nn import functional as F
+
+import graphstore
+from graphstore.errors import ConfigError
+from graphstore.loaders import NodeLoader
+from graphstore.nn import GNN
+
+try:
+    from trainers import common
+except ImportError:  # run as a script
+    import common
+
+PROG = "node_classification.py"
+FULL_EVAL_MAX_EDGES = 10_000_000
+"""Up to this many edges, evaluation samples every neighbour (exact); above, the training fanouts."""
+MODELS = ("sage", "gcn", "gat", "gin")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Train a GNN node classifier on a graphstore store.")
+    common.add_common_options(p)
+    p.add_argument("--model", choices=MODELS, default="sage", help="GNN layer kind")
+    p.add_argument("--scheme", choices=["minibatch", "megabatch", "disk"], default="minibatch")
+    p.add_argument("--policy", choices=["sequential", "dispersed", "hierbatching", "in_memory"],
+                   help="buffer policy (default by scheme)")
+    p.add_argument("--reuse", type=common.positive_int,
+                   help="passes over each mega-batch (megabatch default 2)")
+    p.add_argument("--static-cache", type=common.unit_float, metavar="R",
+                   help="fraction of nodes (highest degree) kept in a static cache (megabatch default 0.01)")
+    p.add_argument("--fanouts", type=common.fanout_list, default=(15, 10),
+                   help="neighbours per hop, nearest hop first; -1 = all; one per layer (default 15,10)")
+    p.add_argument("--eval-fanouts", type=common.fanout_list,
+                   help=f"fanouts for evaluation (default: all neighbours up to {FULL_EVAL_MAX_EDGES:,} "
+                        "edges, else the training fanouts)")
+    p.add_argument("--eval-scheme", choices=["minibatch", "megabatch", "disk"],
+                   help="scheme of evaluation (default --scheme; minibatch = in memory, for graphs that fit)")
+    p.add_argument("--hidden", type=common.positive_int, default=64, help="hidden width")
+    p.add_argument("--dropout", type=common.unit_float, default=0.5)
+    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--heads", type=common.positive_int, default=4, help="GAT attention heads")
+    return p
+
+
+def resolve_config(args: argparse.Namespace, store) -> dict:
+    """The options as recorded and compared on resume (every choice made explicit)."""
+    config = {k: v for k, v in vars(args).items() if k not in ("verbose",)}
+    config["fanouts"] = list(args.fanouts)
+    if args.eval_fanouts is not None:
+        config["eval_fanouts"], config["eval_fanouts_rule"] = list(args.eval_fanouts), "given"
+    elif store.num_edges <= FULL_EVAL_MAX_EDGES:
+        config["eval_fanouts"] = [-1] * len(args.fanouts)
+        config["eval_fanouts_rule"] = f"all neighbours (store has <= {FULL_EVAL_MAX_EDGES} edges)"
+    else:
+        config["eval_fanouts"] = list(args.fanouts)
+        config["eval_fanouts_rule"] = f"training fanouts (store has > {FULL_EVAL_MAX_EDGES} edges)"
+    if len(config["eval_fanouts"]) != len(args.fanouts):
+        raise ConfigError(f"--eval-fanouts needs one fanout per layer ({len(args.fanouts)}; "
+                          f"got {len(config['eval_fanouts'])})")
+    config["num_layers"] = len(args.fanouts)
+    config["eval_scheme"] = args.eval_scheme or args.scheme
+    # Every epoch starts from an empty buffer (`common.replayable`): --resume then replays it
+    # exactly, and the buffer stays at its capacity (carried-over memory grows to p slots).
+    config["replayable_epochs"] = True
+    config["store"] = str(args.store)
+    return config
+
+
+def make_loaders(store, args, config) -> dict[str, NodeLoader]:
+    common_kw = dict(scheme=args.scheme, policy=args.policy, capacity=args.buffer_partitions,
+                     buffer_bytes=args.buffer_bytes, static_cache=args.static_cache, seed=args.seed,
+                     prefetch=args.prefetch)
+    loaders = {"train": NodeLoader(store, split="train", fanouts=args.fanouts, batch_size=args.batch_size,
+                                   reuse=args.reuse, shuffle=True, **common_kw)}
+    eval_kw = dict(common_kw, seed=args.seed + 1)
+    if config["eval_scheme"] != args.scheme:  # the buffer flags describe the training scheme
+        eval_kw.update(scheme=config["eval_scheme"], policy=None, capacity=None, buffer_bytes=None,
+                       static_cache=None)
+    for split in ("valid", "test"):
+        # reuse=1 and no shuffle: every target exactly once. A distinct seed keeps evaluation's
+        # neighbour samples independent of training's (only matters with sampled fanouts).
+        kw = eval_kw
+        loaders[split] = NodeLoader(store, split=split, fanouts=config["eval_fanouts"],
+                                    batch_size=args.batch_size, reuse=1, shuffle=False, **kw)
+    return loaders
+
+
+def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, seed: int,
+                replay: bool) -> tuple[float, int]:
+    """One pass; returns (mean loss over targets, number of targets trained)."""
+    model.train()
+    # Dropout draws from torch's global generator: seeded per epoch so a resumed run replays it.
+    common.seed_everything(common.epoch_seed(seed, epoch, salt=11))
+    total, count = 0.0, 0
+    batches = common.replayable(loader, replay).epoch(epoch)
+    for batch in common.progress(batches, desc=f"epoch {epoch}", total=len(loader)):
+        out = model(batch.features.to(device, non_blocking=True), batch.dense.to(device))
+        labels = batch.labels.to(device)
+        loss = F.cross_entropy(out, labels, ignore_index=-1)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        n = int((labels >= 0).sum())
+        total += float(loss.detach()) * n
+        count += n
+    if count == 0:
+        raise ConfigError("the train split has no labelled node in any batch; check the store's splits")
+    return total / count, count
+
+
+@torch.no_grad()
+def evaluate(model, loader: NodeLoader, epoch: int, device, *, replay: bool) -> dict[str, float]:
+    """Accuracy over the split; every target is seen exactly once (checked)."""
+    model.eval()
+    correct, seen = 0, 0
+    for batch in common.replayable(loader, replay).epoch(epoch):
+        pred = model(batch.features.to(device), batch.dense.to(device)).argmax(1)
+        labels = batch.labels.to(device)
+        mask = labels >= 0
+        correct += int((pred[mask] == labels[mask]).sum())
+        seen += int(mask.sum())
+    expected = loader.settings["num_targets"]
+    if seen != expected:
+        raise ConfigError(f"evaluation on {loader.split!r} saw {seen} labelled targets, expected {expected} "
+                          "(every target exactly once)")
+    return {"acc": correct / seen if seen else float("nan")}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = common.parse_options(parser, argv)
+    common.configure_logging(args.verbose)
+    device = common.resolve_device(args.device)
+    store = graphstore.open(args.store)
+    if not store.manifest.has_features or not store.manifest.has_labels:
+        raise ConfigError(f"{args.store}: node classification needs features and labels "
+                          f"(features: {store.manifest.has_features}, labels: {store.manifest.has_labels})")
+    config = resolve_config(args, store)
+    loaders = make_loaders(store, args, config)
+    config["loaders"] = {name: loader.settings for name, loader in loaders.items()}
+    s = loaders["train"].settings
+    print(f"{PROG}: {store}")
+    print(f"scheme {s['scheme']}: policy {s['policy']}, {s['capacity']} of {s['num_partitions']} partitions "
+          f"resident, static cache {s['static_cache_nodes']} nodes ({s['static_cache_fraction']:g}), "
+          f"reuse {s['reuse']}, fanouts {s['fanouts']}; evaluation: scheme {config['eval_scheme']}, fanouts "
+          f"{config['eval_fanouts']} ({config['eval_fanouts_rule']})", flush=True)
+
+    common.seed_everything(args.seed)  # model initialisation
+    model = GNN(args.model, in_dim=store.feature_dim, hidden_dim=args.hidden, out_dim=store.num_classes,
+                num_layers=len(args.fanouts), dropout=args.dropout, heads=args.heads).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    metrics = common.MetricsWriter(args.metrics_out, task="node_classification", config=config)
+    ckpt = common.Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None
+
+    start_epoch, history, resumed_from = 0, [], None
+    if args.resume:
+        path = ckpt.latest()
+        state = ckpt.load(path)
+        common.check_resume_config(state["config"], config, path)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        common.set_rng_state(state["rng"])
+        start_epoch, history, resumed_from = state["epoch"] + 1, state["history"], state["epoch"]
+        print(f"resumed from {path} (epoch {state['epoch']} done)", flush=True)
+
+    replay = config["replayable_epochs"]
+    best = max(history, key=lambda h: h["valid"]["acc"], default=None)
+    for epoch in range(start_epoch, args.epochs):
+        t0 = time.perf_counter()
+        loss, n = train_epoch(model, optimizer, loaders["train"], epoch, device, seed=args.seed,
+                              replay=replay)
+        common.finite_or_raise(loss, epoch)
+        t1 = time.perf_counter()
+        valid = evaluate(model, loaders["valid"], epoch, device, replay=replay)
+        test = evaluate(model, loaders["test"], epoch, device, replay=replay)
+        t2 = time.perf_counter()
+        io = common.io_stats([loaders["train"].last_stats])
+        record = {"epoch": epoch, "train_loss": loss, "train_targets": n, "valid": valid, "test": test,
+                  "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io,
+                  "eval_io": common.io_stats([loaders["valid"].last_stats, loaders["test"].last_stats])}
+        history.append(record)
+        if best is None or valid["acc"] > best["valid"]["acc"]:
+            best = record
+        print(f"epoch {epoch + 1}/{args.epochs}  loss {loss:.4f}  valid acc {valid['acc']:.4f}  "
+              f"test acc {test['acc']:.4f}  {t1 - t0:.2f} s (+{t2 - t1:.2f} s eval)  "
+              f"read {common.mib(io['bytes_read'])}  stall {io['stall_s']:.2f} s", flush=True)
+        if ckpt is not None:
+            ckpt.save(epoch, {"epoch": epoch, "model": model.state_dict(),
+                              "optimizer": optimizer.state_dict(), "rng": common.rng_state(),
+                              "history": history, "config": config})
+        metrics.write(epochs=history, resumed_from=resumed_from,
+                      final={"epoch": epoch, "valid": valid, "test": test},
+                      best={"epoch": best["epoch"], "valid": best["valid"], "test": best["test"]})
+    if not history:
+        raise ConfigError(f"nothing to train: --epochs {args.epochs} and the checkpoint is at epoch "
+                          f"{start_epoch}")
+    last = history[-1]
+    metrics.write(epochs=history, resumed_from=resumed_from,
+                  final={"epoch": last["epoch"], "valid": last["valid"], "test": last["test"]},
+                  best={"epoch": best["epoch"], "valid": best["valid"], "test": best["test"]})
+    print(f"final: valid acc {last['valid']['acc']:.4f}  test acc {last['test']['acc']:.4f}  "
+          f"(best valid at epoch {best['epoch'] + 1}: test acc {best['test']['acc']:.4f})  "
+          f"peak memory {common.mib(common.peak_memory_bytes())}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(common.run(PROG, main))
