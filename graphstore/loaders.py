@@ -147,6 +147,14 @@ class NodeBatch(Batch):
         return self.graph.node_ids[self.dense.node_ids]
 
     @property
+    def edge_types(self) -> torch.Tensor | None:
+        """int64 [E], relation of each sampled edge (aligned with ``dense.nbrs``), or None
+        without relations (RGCN's ``edge_type``)."""
+        if self.graph.rel is None or self.dense.edge_ids is None:
+            return None
+        return self.graph.rel[self.dense.edge_ids]
+
+    @property
     def degrees(self) -> torch.Tensor:
         """int64 [N], resident in-degree of each ``dense.node_ids`` entry (GCN's normalisation;
         the whole graph's in-degree under the minibatch scheme)."""
@@ -243,8 +251,12 @@ class NodeLoader(_Loader):
         return options
 
     def __len__(self) -> int:
-        """Batches per epoch (with ``reuse`` passes; states cut batches separately)."""
-        plan = self.plan(0)
+        """Batches of epoch 0 (`num_batches`)."""
+        return self.num_batches(0)
+
+    def num_batches(self, epoch: int) -> int:
+        """Batches of ``epoch`` (with ``reuse`` passes; states cut batches separately)."""
+        plan = self.plan(epoch)
         counts = self._counts_per_partition()
         total = 0
         for parts, passes in zip(plan.train_partitions, self._passes(plan)):
@@ -295,7 +307,7 @@ class NodeLoader(_Loader):
     def _batch(self, g: ResidentGraph, targets: torch.Tensor, generator: torch.Generator,
                workspace: torch.Tensor) -> NodeBatch:
         dense = sample_dense(g, targets, self.fanouts, generator=generator, workspace=workspace,
-                             direction=self.direction)
+                             direction=self.direction, return_edge_ids=g.rel is not None)
         batch = Batch.gather(dense, g.features, g.labels)
         return NodeBatch(batch.dense, batch.features, batch.labels.long(), g)
 
@@ -318,7 +330,8 @@ class EdgeBatch:
     graph: ResidentGraph
     """The state's graph (embeddings, features, CSC for an encoder)."""
     dense: Any = None
-    """With fanouts: the DENSE over ``nodes`` (targets = ``nodes``), else None."""
+    """With fanouts: the DENSE over ``nodes`` (targets = ``nodes``; with relations it carries
+    ``edge_ids``, so ``graph.rel[dense.edge_ids]`` are the sampled edges' types), else None."""
     nodes: torch.Tensor | None = None
     """With fanouts: int64 [U] distinct local ids of src, dst and negatives; the encoder's
     outputs come in this order (``src_index``... map into it)."""
@@ -374,6 +387,22 @@ class EdgeLoader(_Loader):
     def _plan_options(self) -> dict[str, Any]:
         return dict(self.options, task="link") if self.policy == "in_memory" else dict(self.options)
 
+    def __len__(self) -> int:
+        """Batches of epoch 0 (`num_batches`)."""
+        return self.num_batches(0)
+
+    def num_batches(self, epoch: int) -> int:
+        """Batches of ``epoch``: each state's assigned buckets' edges, cut into batches
+        (COMET regroups every epoch, so the count varies a little)."""
+        plan = self.plan(epoch)
+        p = self.store.num_partitions
+        sizes = np.diff(self.store.bucket_offsets).reshape(p, p).T  # sizes[i, j]: bucket (i, j)
+        if plan.bucket_states is None:
+            return math.ceil(int(sizes.sum()) / self.batch_size)
+        states = np.asarray(plan.bucket_states)
+        per_state = np.bincount(states.ravel(), weights=sizes.ravel(), minlength=len(plan.states))
+        return int(sum(math.ceil(n / self.batch_size) for n in per_state))
+
     def epoch(self, epoch: int, *, lookahead: bool = True) -> Iterator[EdgeBatch]:
         """The batches of ``epoch`` (each valid until the next one is requested); with
         ``lookahead``, the next epoch's first partitions are read during the last state."""
@@ -400,8 +429,13 @@ class EdgeLoader(_Loader):
                     state_of = torch.from_numpy(bucket_states.astype(np.int64))
                     keep &= state_of[ids[src] // P, ids[dst] // P] == loaded.index
                 edges = torch.nonzero(keep).flatten()
+                # Enumerate edges and candidates by store id, not by local id: which slots
+                # the partitions occupy (it depends on earlier epochs) must not change what
+                # an epoch draws, or a resumed run would diverge.
+                edges = edges[torch.argsort(ids[dst[edges]], stable=True)]
                 edges = edges[torch.randperm(edges.numel(), generator=order_gen)]
                 resident = torch.nonzero(ids >= 0).flatten()
+                resident = resident[torch.argsort(ids[resident])]
                 degrees = g.indptr.diff().to(torch.float64) if self.degree_fraction > 0 else None
                 rel_all = g.rel if g.rel is not None else None
                 for start in range(0, edges.numel(), self.batch_size):
@@ -420,9 +454,16 @@ class EdgeLoader(_Loader):
         if self.fanouts is None:
             return EdgeBatch(src, dst, rel, negs, g)
         nodes, inverse = torch.unique(torch.cat([src, dst, negs.nodes.flatten()]), return_inverse=True)
+        # Targets in store-id order (not local-id order, which depends on the slots), so the
+        # sampler consumes its random stream the same way under any slot layout.
+        order = torch.argsort(g.node_ids[nodes])
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.numel())
+        nodes, inverse = nodes[order], rank[inverse]
         b = src.numel()
         index = {"src": inverse[:b], "dst": inverse[b:2 * b], "neg": inverse[2 * b:].view(negs.nodes.shape)}
-        dense = sample_dense(g, nodes, self.fanouts, generator=generator, workspace=workspace)
+        dense = sample_dense(g, nodes, self.fanouts, generator=generator, workspace=workspace,
+                             return_edge_ids=g.rel is not None)
         return EdgeBatch(src, dst, rel, negs, g, dense, nodes, index)
 
     def __repr__(self) -> str:

@@ -140,3 +140,52 @@ def test_explicit_target_nodes(store):
     assert seen == [5, 17, 250, 399] and loader.settings["split"] == "custom"
     with pytest.raises(ConfigError, match="nodes must be store ids"):
         NodeLoader(store, nodes=[400], fanouts=(2,), batch_size=2)
+
+
+@pytest.mark.parametrize("scheme", ["megabatch", "disk"])
+def test_an_epoch_is_the_same_whatever_the_memory_holds(store, scheme):
+    """Slots carried over from earlier epochs change local ids, not what is drawn: a fresh
+    loader replays epoch 2 exactly (what --resume relies on)."""
+    def batches(loader, epoch):
+        return [(b.store_ids.tolist(), b.dense.nbrs.tolist(), b.features.numpy().tobytes())
+                for b in loader.epoch(epoch)]
+
+    carried = NodeLoader(store, split="train", fanouts=(3, 2), batch_size=40, scheme=scheme, seed=4)
+    batches(carried, 0)
+    batches(carried, 1)
+    fresh = NodeLoader(store, split="train", fanouts=(3, 2), batch_size=40, scheme=scheme, seed=4)
+    assert batches(carried, 2) == batches(fresh, 2)
+
+
+def test_edge_epochs_are_the_same_whatever_the_memory_holds(store):
+    def batches(loader, epoch):
+        out = []
+        for b in loader.epoch(epoch):
+            ids = b.graph.node_ids
+            out.append((ids[b.src].tolist(), ids[b.dst].tolist(), ids[b.negatives.nodes].tolist(),
+                        ids[b.nodes].tolist(), ids[b.dense.node_ids][b.dense.nbrs].tolist()))
+        return out
+
+    def loader():
+        return EdgeLoader(store, batch_size=100, negatives=4, num_chunks=2, scheme="disk", policy="comet",
+                          capacity=4, fanouts=(2,), seed=1)
+
+    carried = loader()
+    batches(carried, 0)
+    fresh = loader()
+    got = batches(carried, 1)
+    assert got == batches(fresh, 1)
+    assert len(got) == carried.num_batches(1)
+
+
+def test_edge_batches_carry_relation_types_for_an_encoder(store):
+    loader = EdgeLoader(store, batch_size=50, negatives=2, scheme="minibatch", fanouts=(3,), seed=0)
+    batch = next(iter(loader.epoch(0)))
+    g, d = batch.graph, batch.dense
+    assert d.edge_ids is not None
+    # The sampled edge (nbr -> node) is the CSC entry it names, with its relation.
+    owner = torch.repeat_interleave(torch.arange(d.nbr_offsets.numel() - 1), d.nbr_offsets.diff())
+    dst_local = d.node_ids[d.node_id_offsets[1]:][owner]
+    assert torch.equal(g.indices[d.edge_ids], d.node_ids[d.nbrs])
+    assert bool(((g.indptr[dst_local] <= d.edge_ids) & (d.edge_ids < g.indptr[dst_local + 1])).all())
+    assert g.rel[d.edge_ids].numel() == d.nbrs.numel()

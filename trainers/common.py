@@ -40,7 +40,7 @@ from graphstore.errors import ConfigError, GraphStoreError
 
 __all__ = [
     "Checkpointer", "MetricsWriter", "add_common_options", "byte_size", "epoch_seed", "fanout_list",
-    "io_stats", "parse_options", "peak_memory_bytes", "positive_int", "progress", "replayable", "run",
+    "io_stats", "parse_options", "peak_memory_bytes", "positive_int", "progress", "run",
     "versions",
 ]
 
@@ -219,24 +219,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
-
-
-def replayable(loader: Any, enabled: bool = True) -> Any:
-    """Make ``loader``'s next epoch a function of (seed, epoch) alone; returns the loader.
-
-    Workaround: a loader keeps its `BufferMemory` across epochs, and the slots (hence the
-    local ids, the neighbour order the sampler draws from and the float summation order)
-    of an epoch's first states depend on which partitions the previous epoch left in
-    memory. A resumed process starts with empty memory, so it would sample differently.
-    Dropping the memory costs at most ``capacity`` partition reads per epoch (the ones
-    the last state could have handed over). It also keeps the buffer at its capacity:
-    carried over, the memory grows (a 4-partition COMET run with capacity 2 ends up
-    holding all 4 partitions from its third epoch and reads nothing). The in-memory scheme
-    keeps its memory: its single state always fills the slots in the same order.
-    """
-    if enabled and getattr(loader, "scheme", None) != "minibatch":
-        loader.memory = None
-    return loader
 
 
 def rng_state() -> dict[str, Any]:

@@ -45,7 +45,6 @@ graphs whose N x d floats fit in memory (WN18RR, ogbl-ddi). Then:
 from __future__ import annotations
 
 import argparse
-import math
 import shutil
 import sys
 import time
@@ -268,9 +267,8 @@ class Trainer:
         self.model.train()
         common.seed_everything(common.epoch_seed(self.args.seed, epoch, salt=11))  # dropout replays on resume
         total, count = 0.0, 0
-        approx = math.ceil(self.store.num_edges / self.args.batch_size)
-        loader = common.replayable(self.loader, self.config["replayable_epochs"])
-        for batch in common.progress(loader.epoch(epoch), desc=f"epoch {epoch}", total=approx):
+        loader = self.loader
+        for batch in common.progress(loader.epoch(epoch), desc=f"epoch {epoch}", total=loader.num_batches(epoch)):
             n = batch.src.numel()
             total += self.step(batch) * n
             count += n
@@ -395,9 +393,6 @@ def resolve_config(args: argparse.Namespace, store) -> dict:
     else:
         config["eval"] = args.eval_mode
     config["eval_corrupt"] = "both" if store.num_relations > 0 else "dst"
-    # Every epoch starts from an empty buffer (`common.replayable`): --resume then replays it
-    # exactly, and the buffer stays at its capacity (carried-over memory grows to p slots).
-    config["replayable_epochs"] = True
     if args.encoder == "rgcn" and not m.has_relations:
         raise ConfigError(f"{store.path}: --encoder rgcn needs relation types; the store has none "
                           "(use sage or gat)")

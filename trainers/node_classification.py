@@ -92,9 +92,6 @@ def resolve_config(args: argparse.Namespace, store) -> dict:
                           f"got {len(config['eval_fanouts'])})")
     config["num_layers"] = len(args.fanouts)
     config["eval_scheme"] = args.eval_scheme or args.scheme
-    # Every epoch starts from an empty buffer (`common.replayable`): --resume then replays it
-    # exactly, and the buffer stays at its capacity (carried-over memory grows to p slots).
-    config["replayable_epochs"] = True
     config["store"] = str(args.store)
     return config
 
@@ -118,15 +115,15 @@ def make_loaders(store, args, config) -> dict[str, NodeLoader]:
     return loaders
 
 
-def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, seed: int,
-                replay: bool) -> tuple[float, int]:
+def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, seed: int) -> tuple[float, int]:
     """One pass; returns (mean loss over targets, number of targets trained)."""
     model.train()
     # Dropout draws from torch's global generator: seeded per epoch so a resumed run replays it.
     common.seed_everything(common.epoch_seed(seed, epoch, salt=11))
     total, count = 0.0, 0
-    batches = common.replayable(loader, replay).epoch(epoch)
-    for batch in common.progress(batches, desc=f"epoch {epoch}", total=len(loader)):
+    # An epoch's batches are a function of (seed, epoch) alone, whatever the buffer kept
+    # from the previous epoch (graphstore.loaders), so a resumed run replays it exactly.
+    for batch in common.progress(loader.epoch(epoch), desc=f"epoch {epoch}", total=loader.num_batches(epoch)):
         out = model(batch.features.to(device, non_blocking=True), batch.dense.to(device))
         labels = batch.labels.to(device)
         loss = F.cross_entropy(out, labels, ignore_index=-1)
@@ -142,11 +139,11 @@ def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, see
 
 
 @torch.no_grad()
-def evaluate(model, loader: NodeLoader, epoch: int, device, *, replay: bool) -> dict[str, float]:
+def evaluate(model, loader: NodeLoader, epoch: int, device) -> dict[str, float]:
     """Accuracy over the split; every target is seen exactly once (checked)."""
     model.eval()
     correct, seen = 0, 0
-    for batch in common.replayable(loader, replay).epoch(epoch):
+    for batch in loader.epoch(epoch):
         pred = model(batch.features.to(device), batch.dense.to(device)).argmax(1)
         labels = batch.labels.to(device)
         mask = labels >= 0
@@ -196,16 +193,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_epoch, history, resumed_from = state["epoch"] + 1, state["history"], state["epoch"]
         print(f"resumed from {path} (epoch {state['epoch']} done)", flush=True)
 
-    replay = config["replayable_epochs"]
     best = max(history, key=lambda h: h["valid"]["acc"], default=None)
     for epoch in range(start_epoch, args.epochs):
         t0 = time.perf_counter()
-        loss, n = train_epoch(model, optimizer, loaders["train"], epoch, device, seed=args.seed,
-                              replay=replay)
+        loss, n = train_epoch(model, optimizer, loaders["train"], epoch, device, seed=args.seed)
         common.finite_or_raise(loss, epoch)
         t1 = time.perf_counter()
-        valid = evaluate(model, loaders["valid"], epoch, device, replay=replay)
-        test = evaluate(model, loaders["test"], epoch, device, replay=replay)
+        valid = evaluate(model, loaders["valid"], epoch, device)
+        test = evaluate(model, loaders["test"], epoch, device)
         t2 = time.perf_counter()
         io = common.io_stats([loaders["train"].last_stats])
         record = {"epoch": epoch, "train_loss": loss, "train_targets": n, "valid": valid, "test": test,

@@ -71,7 +71,8 @@ class ResidentGraph:
     """[num_nodes + 1] int64, CSC: the in-neighbours of local node v are
     ``indices[indptr[v]:indptr[v + 1]]``."""
     indices: torch.Tensor
-    """[num_edges] int64, local id of each edge's source, grouped by destination."""
+    """[num_edges] int64, local id of each edge's source, grouped by destination; within a
+    destination, bucket edges in ascending source store id, then static-cache edges."""
     rel: torch.Tensor | None
     """[num_edges] int64 relation of each edge (aligned with ``indices``), or None."""
     features: torch.Tensor | None
@@ -226,9 +227,11 @@ def assemble_resident_graph(
         return _local_ids(ids, slot_of, P, cache_ids, memory.cache_start)
 
     src_parts, dst_parts, rel_parts = [], [], []
-    by_slot = [k for _, k in sorted(zip(slots, parts))]
-    for j in by_slot:
-        for i in by_slot:
+    # Buckets in partition-id order, so that each destination's sources come in ascending
+    # store id whatever slots the partitions occupy: a sampler drawing positions in a
+    # node's neighbour list then picks the same neighbours under any slot layout.
+    for j in sorted(parts):
+        for i in sorted(parts):
             s, d, r = buckets[(i, j)]
             src_parts.append(local(s))
             dst_parts.append(local(d))
@@ -247,10 +250,10 @@ def assemble_resident_graph(
     src = np.concatenate([empty, *src_parts])
     dst = np.concatenate([empty, *dst_parts])
     rel = np.concatenate([empty, *rel_parts]) if store.manifest.has_relations else None
-    # Group by destination. Buckets come in slot order of j, then i, each sorted by
+    # Group by destination. Buckets come in partition order of j, then i, each sorted by
     # (dst, src) in the store, so a stable sort by dst alone leaves bucket edges in
-    # ascending source order within a destination (timsort merges the sorted runs, several
-    # times faster than a lexsort); cache edges follow them.
+    # ascending source store id within a destination (timsort merges the sorted runs,
+    # several times faster than a lexsort); cache edges follow them, in store order.
     order = np.argsort(dst, kind="stable")
     src, dst = src[order], dst[order]
     rel = None if rel is None else rel[order]

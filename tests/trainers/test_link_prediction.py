@@ -37,8 +37,11 @@ def test_disk_comet_learns_embeddings_in_the_store(fresh_kg, tmp_path, capsys):
     assert (loader["policy"], loader["capacity"], loader["num_logical_partitions"]) == ("comet", 2, 4)
     assert m["config"]["learnable_embeddings"] and m["config"]["eval"] == "filtered"
     assert {"mrr", "hits@1", "hits@3", "hits@10"} <= set(m["final"]["test"])
-    for e in m["epochs"]:
-        assert e["io"]["bytes_written"] > 0 and e["io"]["bytes_read"] > 0 and "stall_s" in e["io"]
+    for e in m["epochs"]:  # every epoch writes its updated embeddings back
+        assert e["io"]["bytes_written"] > 0 and "stall_s" in e["io"]
+    # Double buffering gives COMET (2 logical partitions of 2, swapped one at a time) 4 slots:
+    # here the whole graph, so once read it stays; the first epoch must read it.
+    assert m["epochs"][0]["io"]["bytes_read"] > 0
     losses = [e["train_loss"] for e in m["epochs"]]
     assert losses[-1] < losses[0]
     store = graphstore.open(fresh_kg)
