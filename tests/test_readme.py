@@ -32,3 +32,8 @@ def test_demo_runs(tmp_path):
                           timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "OK (" in proc.stdout and "2,708 nodes" in proc.stdout and "train split: 140 nodes" in proc.stdout
+    # It trains both schemes and prints their accuracies side by side, well above chance (1/7).
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[-2:]}
+    assert set(rows) == {"megabatch", "minibatch"}
+    assert rows["megabatch"][1:4] == ["2/8", "+", "28"] and rows["minibatch"][1:4] == ["8/8", "+", "0"]
+    assert all(float(row[4]) > 0.6 for row in rows.values())
