@@ -2,12 +2,21 @@
 
 `layers` holds the message-passing layers and the `GNN` stack; `decoders` the edge
 scorers and their loss; `metrics` accuracy, MRR / Hits@k and OGB's evaluator rules;
-`base` the `LayerView` both samplers' layers are read through.
+`base` the `LayerView` both samplers' layers are read through; `memory` the estimate and
+measurement of a training step's memory; `accumulate` micro-batch gradient accumulation.
 """
 
+from graphstore.nn.accumulate import micro_batch_backward
 from graphstore.nn.base import LayerView, layer_view, segment_mean, segment_softmax, segment_sum
 from graphstore.nn.decoders import DECODERS, ComplEx, Decoder, DistMult, TransE, link_loss
 from graphstore.nn.layers import LAYERS, GATConv, GCNConv, GINConv, GNN, RGCNConv, SAGEConv, layer_degrees
+from graphstore.nn.memory import (
+    OPTIMIZERS,
+    StepMemory,
+    estimate_step_memory,
+    measure_step_memory,
+    step_estimator,
+)
 from graphstore.nn.metrics import (
     KS,
     accuracy,
@@ -24,6 +33,7 @@ __all__ = [
     "GNN",
     "KS",
     "LAYERS",
+    "OPTIMIZERS",
     "ComplEx",
     "Decoder",
     "DistMult",
@@ -33,12 +43,16 @@ __all__ = [
     "LayerView",
     "RGCNConv",
     "SAGEConv",
+    "StepMemory",
     "TransE",
     "accuracy",
+    "estimate_step_memory",
     "full_ranks",
     "layer_degrees",
     "layer_view",
     "link_loss",
+    "measure_step_memory",
+    "micro_batch_backward",
     "ogb_hits_at_k",
     "ogb_mrr",
     "ogbn_accuracy",
@@ -47,4 +61,5 @@ __all__ = [
     "segment_mean",
     "segment_softmax",
     "segment_sum",
+    "step_estimator",
 ]
