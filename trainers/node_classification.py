@@ -1,7 +1,8 @@
 """Train a GNN node classifier on a graphstore store, in memory or out of core.
 
     python trainers/node_classification.py --store S.gs --model sage|gcn|gat|gin
-        --scheme minibatch|megabatch|disk [--policy sequential|dispersed|hierbatching]
+        --scheme minibatch|megabatch|disk|microbatch [--policy sequential|dispersed|hierbatching]
+        [--micro-batches K | --micro-batch-budget BYTES] [--micro-strategy reg|metis|random|range]
         [--buffer-partitions C | --buffer-bytes B] [--reuse P] [--static-cache R]
         --fanouts 15,10 --batch-size 1000 --epochs E --lr 0.01 --hidden 64 --dropout 0.5
         --seed 0 --device cpu --metrics-out M.json --checkpoint-dir D [--resume]
@@ -11,6 +12,11 @@ Schemes (`graphstore.loaders`): ``minibatch`` holds the whole graph (the in-memo
 reference), ``megabatch`` HierBatching's mega-batches (a quarter of the partitions, a
 static cache of 1 % of nodes, reuse 2), ``disk`` MariusGNN's node policies (half the
 partitions). The loader's choices are printed at the start and recorded in the metrics.
+``microbatch`` (Betty) is the minibatch data path with every batch split into micro-batches
+(`graphstore.sample.split_dense`), K fixed or the fewest whose estimated training-step
+memory fits ``--micro-batch-budget`` (`graphstore.nn.estimate_step_memory`); their
+gradients accumulate, weighted by each micro-batch's share of the labelled targets, into the
+batch's update. ``--micro-batches`` with ``megabatch`` or ``disk`` splits those batches too.
 
 Evaluation (every epoch, valid and test splits) runs the model in eval mode over
 `NodeLoader` batches of the same scheme (or ``--eval-scheme``) with ``shuffle=False`` and
@@ -37,7 +43,8 @@ from torch.nn import functional as F
 import graphstore
 from graphstore.errors import ConfigError
 from graphstore.loaders import NodeLoader
-from graphstore.nn import GNN
+from graphstore.nn import GNN, layer_degrees, micro_batch_backward, step_estimator
+from graphstore.sample import choose_micro_batches, split_dense
 
 try:
     from trainers import common
@@ -54,7 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Train a GNN node classifier on a graphstore store.")
     common.add_common_options(p)
     p.add_argument("--model", choices=MODELS, default="sage", help="GNN layer kind")
-    p.add_argument("--scheme", choices=["minibatch", "megabatch", "disk"], default="minibatch")
+    p.add_argument("--scheme", choices=["minibatch", "megabatch", "disk", "microbatch"], default="minibatch",
+                   help="microbatch = minibatch (in memory) with each batch split into micro-batches")
+    p.add_argument("--micro-batches", type=common.positive_int, metavar="K",
+                   help="split every batch into K micro-batches (Betty); with megabatch or disk too")
+    p.add_argument("--micro-batch-budget", type=common.byte_size, metavar="BYTES",
+                   help="split every batch into the fewest micro-batches whose estimated training-step "
+                        "memory fits BYTES")
+    p.add_argument("--micro-strategy", choices=["reg", "metis", "random", "range"], default="reg",
+                   help="how targets are grouped into micro-batches (reg: Betty's shared-neighbour graph)")
     p.add_argument("--policy", choices=["sequential", "dispersed", "hierbatching", "in_memory"],
                    help="buffer policy (default by scheme)")
     p.add_argument("--reuse", type=common.positive_int,
@@ -91,19 +106,28 @@ def resolve_config(args: argparse.Namespace, store) -> dict:
         raise ConfigError(f"--eval-fanouts needs one fanout per layer ({len(args.fanouts)}; "
                           f"got {len(config['eval_fanouts'])})")
     config["num_layers"] = len(args.fanouts)
-    config["eval_scheme"] = args.eval_scheme or args.scheme
+    micro = args.micro_batches is not None or args.micro_batch_budget is not None
+    if args.micro_batches is not None and args.micro_batch_budget is not None:
+        raise ConfigError("give --micro-batches or --micro-batch-budget, not both")
+    if args.scheme == "microbatch" and not micro:
+        raise ConfigError("--scheme microbatch needs --micro-batches K or --micro-batch-budget BYTES")
+    # The data path of microbatch is the in-memory minibatch loader; other schemes may split
+    # their batches too (micro-batches inside a mega-batch).
+    config["loader_scheme"] = "minibatch" if args.scheme == "microbatch" else args.scheme
+    config["micro_batching"] = micro
+    config["eval_scheme"] = args.eval_scheme or config["loader_scheme"]
     config["store"] = str(args.store)
     return config
 
 
 def make_loaders(store, args, config) -> dict[str, NodeLoader]:
-    common_kw = dict(scheme=args.scheme, policy=args.policy, capacity=args.buffer_partitions,
+    common_kw = dict(scheme=config["loader_scheme"], policy=args.policy, capacity=args.buffer_partitions,
                      buffer_bytes=args.buffer_bytes, static_cache=args.static_cache, seed=args.seed,
                      prefetch=args.prefetch)
     loaders = {"train": NodeLoader(store, split="train", fanouts=args.fanouts, batch_size=args.batch_size,
                                    reuse=args.reuse, shuffle=True, **common_kw)}
     eval_kw = dict(common_kw, seed=args.seed + 1)
-    if config["eval_scheme"] != args.scheme:  # the buffer flags describe the training scheme
+    if config["eval_scheme"] != config["loader_scheme"]:  # the buffer flags describe the training scheme
         eval_kw.update(scheme=config["eval_scheme"], policy=None, capacity=None, buffer_bytes=None,
                        static_cache=None)
     for split in ("valid", "test"):
@@ -115,20 +139,29 @@ def make_loaders(store, args, config) -> dict[str, NodeLoader]:
     return loaders
 
 
-def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, seed: int) -> tuple[float, int]:
-    """One pass; returns (mean loss over targets, number of targets trained)."""
+def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, seed: int,
+                args: argparse.Namespace | None = None, micro_stats: dict | None = None) -> tuple[float, int]:
+    """One pass; returns (mean loss over targets, number of targets trained). With
+    micro-batching, each batch's gradient is accumulated over its micro-batches (weighted by
+    their share of the labelled targets: the same update as the whole batch) before one step."""
     model.train()
     # Dropout draws from torch's global generator: seeded per epoch so a resumed run replays it.
     common.seed_everything(common.epoch_seed(seed, epoch, salt=11))
+    micro = args is not None and (args.micro_batches is not None or args.micro_batch_budget is not None)
     total, count = 0.0, 0
     # An epoch's batches are a function of (seed, epoch) alone, whatever the buffer kept
     # from the previous epoch (graphstore.loaders), so a resumed run replays it exactly.
-    for batch in common.progress(loader.epoch(epoch), desc=f"epoch {epoch}", total=loader.num_batches(epoch)):
-        out = model(batch.features.to(device, non_blocking=True), batch.dense.to(device))
+    for step, batch in enumerate(common.progress(loader.epoch(epoch), desc=f"epoch {epoch}",
+                                                 total=loader.num_batches(epoch))):
         labels = batch.labels.to(device)
-        loss = F.cross_entropy(out, labels, ignore_index=-1)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if micro:
+            loss = _micro_step(model, batch, args, seed=common.epoch_seed(seed, epoch, salt=13) + step,
+                               stats=micro_stats, device=device)
+        else:
+            out = model(batch.features.to(device, non_blocking=True), batch.dense.to(device))
+            loss = F.cross_entropy(out, labels, ignore_index=-1)
+            loss.backward()
         optimizer.step()
         n = int((labels >= 0).sum())
         total += float(loss.detach()) * n
@@ -136,6 +169,26 @@ def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, see
     if count == 0:
         raise ConfigError("the train split has no labelled node in any batch; check the store's splits")
     return total / count, count
+
+
+def _micro_step(model, batch, args, *, seed: int, stats: dict | None, device) -> torch.Tensor:
+    """Split the batch (fixed K, or the fewest fitting the budget) and accumulate gradients."""
+    batch = batch.to(device) if str(device) != "cpu" else batch
+    if args.micro_batch_budget is not None:
+        parts = choose_micro_batches(batch.dense, args.micro_batch_budget, estimator=step_estimator(model),
+                                     strategy=args.micro_strategy, seed=seed)
+    else:
+        parts = split_dense(batch.dense, min(args.micro_batches, batch.dense.num_targets),
+                            strategy=args.micro_strategy, seed=seed)
+    if stats is not None:
+        stats["batches"] = stats.get("batches", 0) + 1
+        stats["micro_batches"] = stats.get("micro_batches", 0) + len(parts)
+        stats["max_k"] = max(stats.get("max_k", 0), len(parts))
+        stats["input_rows"] = stats.get("input_rows", 0) + sum(int(p.dense.num_nodes) for p in parts)
+        stats["batch_input_rows"] = stats.get("batch_input_rows", 0) + int(batch.dense.num_nodes)
+    # GCN normalises by degree: give every micro-batch its parent's (the whole batch's) degrees.
+    degrees = layer_degrees(batch.dense)[0] if args.model == "gcn" else None
+    return micro_batch_backward(model, batch, parts, degrees=degrees)
 
 
 @torch.no_grad()
@@ -196,7 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     best = max(history, key=lambda h: h["valid"]["acc"], default=None)
     for epoch in range(start_epoch, args.epochs):
         t0 = time.perf_counter()
-        loss, n = train_epoch(model, optimizer, loaders["train"], epoch, device, seed=args.seed)
+        micro_stats: dict = {}
+        loss, n = train_epoch(model, optimizer, loaders["train"], epoch, device, seed=args.seed, args=args,
+                              micro_stats=micro_stats)
         common.finite_or_raise(loss, epoch)
         t1 = time.perf_counter()
         valid = evaluate(model, loaders["valid"], epoch, device)
@@ -204,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         t2 = time.perf_counter()
         io = common.io_stats([loaders["train"].last_stats])
         record = {"epoch": epoch, "train_loss": loss, "train_targets": n, "valid": valid, "test": test,
-                  "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io,
+                  "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io, "micro_batching": micro_stats or None,
                   "eval_io": common.io_stats([loaders["valid"].last_stats, loaders["test"].last_stats])}
         history.append(record)
         if best is None or valid["acc"] > best["valid"]["acc"]:

@@ -150,3 +150,38 @@ def test_shipped_configs_parse():
         config = REPO / "trainers" / "configs" / path
         args = common.parse_options(parser, ["--config", str(config), "--store", "x"])
         assert args.epochs > 1
+
+
+@pytest.mark.parametrize("model", ["sage", "gcn"])
+def test_microbatch_training_equals_the_whole_batch(cora_store, tmp_path, model):
+    """Betty's promise: split into K micro-batches, the accumulated update is the batch's, so
+    (without dropout) the whole run's losses and accuracies are the minibatch run's."""
+    base = ["--store", cora_store, "--model", model, "--epochs", 3, "--dropout", 0, "--seed", 2, *FAST]
+    assert run([*base, "--scheme", "minibatch", "--metrics-out", tmp_path / "whole.json"]) == 0
+    assert run([*base, "--scheme", "microbatch", "--micro-batches", 3, "--micro-strategy", "reg",
+                "--metrics-out", tmp_path / "micro.json"]) == 0
+    whole, micro = read(tmp_path / "whole.json"), read(tmp_path / "micro.json")
+    assert [e["train_loss"] for e in micro["epochs"]] == pytest.approx([e["train_loss"] for e in whole["epochs"]],
+                                                                     rel=1e-4)
+    assert micro["final"]["test"]["acc"] == pytest.approx(whole["final"]["test"]["acc"], abs=0.002)
+    stats = micro["epochs"][-1]["micro_batching"]
+    assert stats["micro_batches"] == 3 * stats["batches"] and whole["epochs"][-1]["micro_batching"] is None
+    # Micro-batches repeat shared inputs: their rows add up to more than the batch's.
+    assert stats["input_rows"] > stats["batch_input_rows"]
+
+
+def test_microbatch_budget_and_inside_a_megabatch(cora_store, tmp_path, capsys):
+    out = tmp_path / "m.json"
+    assert run(["--store", cora_store, "--epochs", 1, *FAST, "--scheme", "microbatch",
+                "--micro-batch-budget", "4MiB", "--metrics-out", out]) == 0
+    assert read(out)["epochs"][0]["micro_batching"]["max_k"] > 1  # the whole batch does not fit 4 MiB
+    assert run(["--store", cora_store, "--epochs", 1, *FAST, "--scheme", "megabatch", "--micro-batches", 2,
+                "--metrics-out", out]) == 0
+    m = read(out)
+    assert m["config"]["loaders"]["train"]["policy"] == "hierbatching"
+    assert m["epochs"][0]["micro_batching"]["max_k"] == 2
+    assert run(["--store", cora_store, "--epochs", 1, *FAST, "--scheme", "microbatch"]) == 1
+    assert "needs --micro-batches K or --micro-batch-budget" in capsys.readouterr().err
+    assert run(["--store", cora_store, "--epochs", 1, *FAST, "--scheme", "microbatch",
+                "--micro-batch-budget", "64KiB"]) == 1
+    assert "over the budget" in capsys.readouterr().err
