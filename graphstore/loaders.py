@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphstore.buffer import BufferManager, BufferMemory, BufferStats, StaticCache, plan_epoch
+from graphstore.buffer import BufferManager, BufferMemory, BufferStats, StaticCache, plan_epoch, static_cache_ids
 from graphstore.buffer.budget import capacity_for_budget
 from graphstore.buffer.memory import slots_needed
 from graphstore.buffer.resident import ResidentGraph
@@ -78,22 +78,22 @@ class _Loader:
         if self.cache_fraction > 0:
             degrees = store.read_degree("in") + store.read_degree("out")
             self.options.update(degrees=degrees, static_cache_fraction=self.cache_fraction)
+            # The cache is the top-degree nodes whatever the capacity: load it first, so a
+            # byte budget counts its rows and edges.
+            self.cache = StaticCache.load(store, static_cache_ids(degrees, self.cache_fraction))
         if scheme == "minibatch":
             c = p
         elif buffer_bytes is not None:
-            cache_nodes = math.ceil(self.cache_fraction * store.num_nodes) if self.cache_fraction > 0 else 0
+            cache_nodes = 0 if self.cache is None else self.cache.num_nodes
+            cache_edges = 0 if self.cache is None else int(self.cache.src.size)
             c, self.footprint = capacity_for_budget(
                 store, buffer_bytes, self.policy, prefetch=prefetch, embedding_dim=embedding_dim,
-                cache_nodes=cache_nodes, seed=seed, **self._plan_options())
+                cache_nodes=cache_nodes, cache_edges=cache_edges, seed=seed, **self._plan_options())
         elif capacity is not None:
             c = int(capacity)
         else:
             c = max(2, math.ceil(p / 4)) if scheme == "megabatch" else max(2, math.ceil(p / 2))
         self.capacity = min(c, p)
-        if self.cache_fraction > 0:
-            ids = plan_epoch(self.policy, num_partitions=p, capacity=self.capacity, epoch=0, seed=seed,
-                             **self._plan_options()).static_cache
-            self.cache = StaticCache.load(store, ids)
         self.memory: BufferMemory | None = None
         self.embedding_dim = embedding_dim
         self.epoch_stats: list[BufferStats] = []

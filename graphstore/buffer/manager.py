@@ -304,6 +304,7 @@ class _Loader:
         for z, _ in self.plan.evicted[index]:
             self.write_back(z)
             memory.holder[z] = -1
+            memory.last_graph = None
         admitted = self.plan.admitted[index]
         where = dict(zip(parts, slots))
         pairs = [(k, where[k]) for k in admitted]
@@ -324,8 +325,15 @@ class _Loader:
         if not assemble:
             return None
         t0 = time.perf_counter()
-        graph = assemble_resident_graph(self.store, parts, slots, memory=memory, buckets=self.buckets,
-                                        static_cache=self.static_cache)
+        key = (parts, slots, id(self.static_cache))
+        if not admitted and memory.last_graph is not None and memory.last_graph[0] == key:
+            # Nothing entered or left these slots since this exact state was assembled (e.g.
+            # the in-memory scheme's single state, epoch after epoch): its CSC is still valid.
+            graph = memory.last_graph[1]
+        else:
+            graph = assemble_resident_graph(self.store, parts, slots, memory=memory, buckets=self.buckets,
+                                            static_cache=self.static_cache)
+            memory.last_graph = (key, graph)
         with self.lock:
             self.counts["assemble_seconds"] += time.perf_counter() - t0
         logger.debug("state %d: read partitions %s, %d resident", index, admitted, len(parts))

@@ -152,6 +152,9 @@ class BufferMemory:
     edges: dict = field(default_factory=dict)
     """Edge array name -> [num_slots, max in-edges of a partition]: slot z's region holds
     buckets (i, j) of the partition j in slot z at their offsets within j's in-edges."""
+    last_graph: tuple | None = None
+    """``(key, ResidentGraph)`` of the last state assembled, reused while its slots hold the
+    same partitions (the graph's arrays are not copied)."""
     in_use: bool = False
 
     @classmethod

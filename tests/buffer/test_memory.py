@@ -134,3 +134,18 @@ def test_lookahead_reads_the_next_epochs_first_state_during_the_last(store):
             if loaded.index == 0:
                 assert admitted == ()  # read during the previous epoch
     assert second.stats.partitions_loaded == 2
+
+
+def test_an_unchanged_state_reuses_its_assembled_graph(store):
+    """The in-memory scheme's one state, epoch after epoch: no reads and no CSC rebuild."""
+    memory = BufferMemory.allocate(store, P)
+    state = [tuple(range(P))]
+    with BufferManager(store, state, memory=memory) as first:
+        g1 = next(iter(first)).graph
+    with BufferManager(store, state, memory=memory) as second:
+        g2 = next(iter(second)).graph
+    assert g2 is g1 and second.stats.bytes_read == 0
+    with BufferManager(store, [tuple(range(P - 1))], memory=memory) as third:  # another state: rebuilt
+        g3 = next(iter(third)).graph
+    assert g3 is not g1
+    assert_same_graph(g3, build_resident_graph(store, range(P - 1)))
