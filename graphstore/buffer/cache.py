@@ -38,12 +38,17 @@ class StaticCache:
     labels: np.ndarray | None
     """[k] int32 labels of ``ids``, or None."""
     src: np.ndarray
-    """[m] int64 store ids: every edge with its source or destination in ``ids``."""
+    """[m] store ids (the store's index dtype): every edge with its source or destination
+    in ``ids``."""
     dst: np.ndarray
     rel: np.ndarray | None
-    """[m] relation of each edge, or None."""
+    """[m] int32 relation of each edge, or None."""
     bytes_read: int
     seconds: float
+    src_pos: np.ndarray | None = None
+    """[m] int32 position of each source in ``ids``, -1 if it is not a cache node (computed
+    once, so states map cache edges to local ids without searching)."""
+    dst_pos: np.ndarray | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -98,15 +103,20 @@ class StaticCache:
             touch = member[src] | member[dst]
             if not touch.any():
                 continue
-            kept[0].append(src[touch].astype(np.int64))
-            kept[1].append(dst[touch].astype(np.int64))
+            # The store's own dtypes (int32 ids below 2**31 nodes): on a power-law graph the
+            # hubs' edges are a large share of all edges, so their width matters.
+            kept[0].append(src[touch])
+            kept[1].append(dst[touch])
             if m.has_relations:
                 rel = store.read_rows("edges/rel", lo, hi)
                 nbytes += rel.nbytes
-                kept[2].append(rel[touch].astype(np.int64))
-        empty = np.zeros(0, np.int64)
-        src, dst, *rel = (np.concatenate([empty, *parts_]) for parts_ in kept)
-        return cls(ids, features, labels, src, dst, rel[0] if rel else None, nbytes, time.perf_counter() - t0)
+                kept[2].append(rel[touch])
+        dtypes = [m.index_dtype, m.index_dtype, np.int32]
+        src, dst, *rel = (np.concatenate([np.zeros(0, dtype), *parts_]) for parts_, dtype in zip(kept, dtypes))
+        position = np.full(N, -1, dtype=np.int32)
+        position[ids] = np.arange(ids.size, dtype=np.int32)
+        return cls(ids, features, labels, src, dst, rel[0] if rel else None, nbytes, time.perf_counter() - t0,
+                   src_pos=position[src], dst_pos=position[dst])
 
     def __repr__(self) -> str:
         return f"<StaticCache {self.num_nodes} nodes, {self.src.size} edges, {self.nbytes / 2**20:.1f} MiB>"

@@ -238,14 +238,18 @@ def assemble_resident_graph(
             if r is not None:
                 rel_parts.append(r.astype(np.int64))
     if static_cache is not None and static_cache.src.size:
-        ls, ld = local(static_cache.src), local(static_cache.dst)
-        # Edges between two resident partitions came with their bucket already.
-        in_buckets = (slot_of[static_cache.src // P] >= 0) & (slot_of[static_cache.dst // P] >= 0)
-        keep = (ls >= 0) & (ld >= 0) & ~in_buckets
-        src_parts.append(ls[keep])
-        dst_parts.append(ld[keep])
-        if static_cache.rel is not None:
-            rel_parts.append(static_cache.rel[keep])
+        c = static_cache
+        src_slot, dst_slot = slot_of[c.src // P], slot_of[c.dst // P]
+        # Keep an edge when each end is resident or cached, unless both ends are resident:
+        # then it came with its bucket already. Local ids are computed for kept edges only
+        # (on a power-law graph the cache's edges are many; so would be the temporaries).
+        keep = ((src_slot >= 0) | (c.src_pos >= 0)) & ((dst_slot >= 0) | (c.dst_pos >= 0))
+        keep &= (src_slot < 0) | (dst_slot < 0)
+        for ends, slot, pos, out in ((c.src, src_slot, c.src_pos, src_parts), (c.dst, dst_slot, c.dst_pos, dst_parts)):
+            ids_k, slot_k = ends[keep].astype(np.int64), slot[keep]
+            out.append(np.where(slot_k >= 0, slot_k * P + ids_k % P, memory.cache_start + pos[keep].astype(np.int64)))
+        if c.rel is not None:
+            rel_parts.append(c.rel[keep].astype(np.int64))
     empty = np.zeros(0, np.int64)
     src = np.concatenate([empty, *src_parts])
     dst = np.concatenate([empty, *dst_parts])
