@@ -245,9 +245,11 @@ def assemble_resident_graph(
         # (on a power-law graph the cache's edges are many; so would be the temporaries).
         keep = ((src_slot >= 0) | (c.src_pos >= 0)) & ((dst_slot >= 0) | (c.dst_pos >= 0))
         keep &= (src_slot < 0) | (dst_slot < 0)
-        for ends, slot, pos, out in ((c.src, src_slot, c.src_pos, src_parts), (c.dst, dst_slot, c.dst_pos, dst_parts)):
+        ends_of = ((c.src, src_slot, c.src_pos, src_parts), (c.dst, dst_slot, c.dst_pos, dst_parts))
+        for ends, slot, pos, out in ends_of:
             ids_k, slot_k = ends[keep].astype(np.int64), slot[keep]
-            out.append(np.where(slot_k >= 0, slot_k * P + ids_k % P, memory.cache_start + pos[keep].astype(np.int64)))
+            cached_local = memory.cache_start + pos[keep].astype(np.int64)
+            out.append(np.where(slot_k >= 0, slot_k * P + ids_k % P, cached_local))
         if c.rel is not None:
             rel_parts.append(c.rel[keep].astype(np.int64))
     empty = np.zeros(0, np.int64)
