@@ -410,7 +410,8 @@ class EdgeLoader(_Loader):
         order_gen = _epoch_generator(self.seed, epoch, 3)
         neg_gen = _epoch_generator(self.seed, epoch, 4)
         sample_gen = _epoch_generator(self.seed, epoch, 5)
-        bucket_states = np.asarray(plan.bucket_states) if plan.bucket_states is not None else None
+        state_of = (torch.from_numpy(np.asarray(plan.bucket_states).astype(np.int64))
+                    if plan.bucket_states is not None else None)
         buffer = self._buffer(epoch, plan.states, self.table, lookahead)
         P, p = self.store.partition_size, self.store.num_partitions
         workspace = None
@@ -425,8 +426,7 @@ class EdgeLoader(_Loader):
                 keep = (ids[src] >= 0) & (ids[src] // P < p)
                 if g.cache_ids.size:  # static-cache edges are not training edges
                     keep &= (src < g.cache_start) & (dst < g.cache_start)
-                if bucket_states is not None:
-                    state_of = torch.from_numpy(bucket_states.astype(np.int64))
+                if state_of is not None:
                     keep &= state_of[ids[src] // P, ids[dst] // P] == loaded.index
                 edges = torch.nonzero(keep).flatten()
                 # Enumerate edges and candidates by store id, not by local id: which slots

@@ -517,9 +517,11 @@ class _Handoff:
         with self.cond:
             self.closing = True
             self.stall_seconds += time.perf_counter() - t0  # the consumer waits here too
-        if self.error is not None and not self.error_raised:
+        if self.error is not None and not self.error_raised and self.delivered == self.count:
+            # A failed lookahead read, after every state was delivered: nothing else would
+            # report it. (A consumer that stopped early never asked for the failed state.)
             self.error_raised = True
-            raise self.error  # e.g. a failed lookahead read: nothing else would report it
+            raise self.error
 
 
 # ---------------------------------------------------------------------- the manager

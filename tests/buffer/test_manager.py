@@ -298,3 +298,16 @@ def test_prefetch_hides_reads_behind_a_slow_consumer(path):
     # With it, only the first state's load is exposed (loose bound: the machine is noisy).
     assert on.stall_seconds < 0.6 * on.read_seconds
     assert on.stall_seconds < 0.6 * off.stall_seconds
+
+
+def test_a_failure_the_consumer_never_asked_for_is_not_raised_but_a_lookahead_failure_is(path):
+    buffer = BufferManager(FailingStore(path), [(0, 1), (1, 2), (2, 3)])
+    for loaded in buffer:
+        break  # state 1 (partition 2, the third read) fails in the background
+    buffer.close()  # the consumer stopped before it: nothing to report
+    assert loader_threads() == []
+    # A failed read of the next epoch's first state comes out of the epoch's end.
+    buffer = BufferManager(FailingStore(path), [(0, 1)], lookahead=(2, 3))
+    with pytest.raises(OSError, match="injected"):
+        assert [s.index for s in buffer] == [0]
+    assert loader_threads() == []
