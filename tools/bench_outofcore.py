@@ -24,9 +24,8 @@ dropping the page cache:
   and with one OpenMP thread), so the smallest structure that runs is int64;
 * ``graphstore-megabatch-cache``: the mega-batch scheme with HierBatching's static cache
   of the 1 % highest-degree nodes (the loader's default). On a power-law graph those nodes
-  touch 18 % of the edges, which the cache holds as int64 and re-maps in every state, so
-  this needs far more memory than `capacity_for_budget` counts; it is run to record
-  whether it fits the cap. The main ``graphstore-megabatch`` row runs without it;
+  touch a large share of the edges (18 % on the generator's graphs); the cache's rows and
+  edges come out of the same byte budget, so fewer partitions fit beside it;
 * ``graphstore-memory``: scheme ``minibatch`` (the whole store resident), no cap.
 
 Per system: epoch times (epoch 0 is cold: it includes the first state's read, or for
@@ -295,7 +294,8 @@ def prepare(args, store) -> dict:
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     n, d, p = store.num_nodes, store.feature_dim, store.num_partitions
-    tag = f"n{n}_d{d}"
+    # Keyed by the store: two stores of one size hold different graphs and orders.
+    tag = f"{args.store.resolve().name.removesuffix('.gs')}_n{n}_d{d}"
     files = {"features": work / f"features_{tag}.f32", "indptr": work / f"csc64_indptr_{tag}.npy",
              "indices": work / f"csc64_indices_{tag}.npy", "labels": work / f"labels_{tag}.npy"}
     done = work / f".prepared64_{tag}"

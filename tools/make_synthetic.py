@@ -48,6 +48,16 @@ redrawn. Duplicate edges are possible, as in any Chung-Lu graph, and left for th
 converter to merge: about 1-3 % of edges on graphs of 200k+ nodes, more on small graphs
 with small classes (about 6 % at 2,500 nodes in 10 classes).
 
+Locality (``--communities K --locality L``, off by default): real graphs are not only
+homophilous, they are local, which is what lets METIS-style partitions keep most of a
+node's neighbours next to it (and what partition-based out-of-core training relies on).
+Node of rank ``r`` belongs to community ``r mod K``; ``K`` is a multiple of ``C`` so a
+community lies inside one class. With probability ``L`` an edge's destination is drawn
+``∝ w`` inside the source's community, otherwise as above. The fraction of edges inside a
+class is then ``L + (1 - L) h`` and about ``L`` of the edges lie inside a community
+(slightly more: a non-local draw can land in it). Communities are spread over the id
+space by the same permutation, so a partitioner has to find them.
+
 Features are ``centroid[label] + sigma * noise`` with orthonormal centroids (random unit
 vectors when ``D < C``); ``sigma`` is solved so the best classifier on features alone
 reaches ``--feature-accuracy`` (0.75 by default, exact for ``D >= C``). Features are
@@ -111,7 +121,7 @@ DEFAULT_MAX_DEGREE = 2000
 DEFAULT_SPLIT = {"node": (0.6, 0.2, 0.2), "link": (0.9, 0.05, 0.05)}
 # Distinct stream ids keep the random numbers of different purposes independent.
 _STREAM_SRC, _STREAM_SAME, _STREAM_OTHER, _STREAM_DST = 1, 2, 3, 4
-_STREAM_NEG_U, _STREAM_NEG_V, _STREAM_FEAT = 5, 6, 7
+_STREAM_NEG_U, _STREAM_NEG_V, _STREAM_FEAT, _STREAM_LOCAL = 5, 6, 7, 8
 _PERM_NODES, _PERM_SPLIT, _PERM_EDGES, _PERM_LABELS = 11, 12, 13, 14
 
 _U64 = np.uint64
@@ -158,7 +168,12 @@ class SyntheticConfig:
     """Rows per chunk (rounded up to a multiple of 1024); None picks about 1M feature
     values per chunk. Edges are processed ``4 * chunk_nodes`` at a time (at most 2**19)."""
     homophily: float = 0.8
-    """Expected fraction of edges whose endpoints share a class."""
+    """Expected fraction of edges whose endpoints share a class (of the non-local edges,
+    when ``locality`` > 0)."""
+    communities: int = 0
+    """Communities K (a multiple of ``num_classes``; 0: none). See ``locality``."""
+    locality: float = 0.0
+    """Probability that an edge stays inside its source's community (needs communities)."""
     name: str = "synthetic"
     """Dataset name recorded in ``synthetic.json``."""
     feature_dtype: str = "float32"
@@ -220,6 +235,19 @@ def _validate(cfg: SyntheticConfig) -> tuple[float, float, float]:
                              f"(got {cfg.num_classes})")
     if not 0.0 <= cfg.homophily <= 1.0:
         raise SyntheticError(f"homophily must be in [0, 1] (got {cfg.homophily})")
+    if not 0.0 <= cfg.locality <= 1.0:
+        raise SyntheticError(f"locality must be in [0, 1] (got {cfg.locality})")
+    if cfg.communities < 0:
+        raise SyntheticError(f"communities must be >= 0 (got {cfg.communities})")
+    if cfg.locality > 0 and cfg.communities == 0:
+        raise SyntheticError("locality > 0 needs communities > 0")
+    if cfg.communities and cfg.communities % cfg.num_classes:
+        raise SyntheticError(f"communities must be a multiple of num_classes = {cfg.num_classes}, so a "
+                             f"community lies inside one class (got {cfg.communities})")
+    if cfg.communities and cfg.num_nodes // cfg.communities < 2:
+        # A community needs two nodes for an edge inside it without a self loop.
+        raise SyntheticError(f"communities must be at most N // 2 = {cfg.num_nodes // 2} "
+                             f"(got {cfg.communities})")
     if cfg.chunk_nodes is not None and cfg.chunk_nodes < 1:
         raise SyntheticError(f"chunk_nodes must be positive (got {cfg.chunk_nodes})")
     if not cfg.degree_exponent > 2.0:
@@ -425,9 +453,17 @@ class _Model:
             self.class_sizes, (np.arange(c) + self.x0) / c, self.a
         )
         self.p_same = cfg.homophily if c > 1 else 1.0
+        k = self.num_communities = cfg.communities
+        self.locality = cfg.locality if k else 0.0
+        # Community j holds ranks j, j + K, j + 2K, ...: the same closed form as a class.
+        self.per_community = (
+            _ZipfSampler(np.array([(n - j + k - 1) // k for j in range(k)], dtype=np.int64),
+                         (np.arange(k) + self.x0) / k, self.a)
+            if k else None
+        )
         self.keys = {s: _stream_key(cfg.seed, s) for s in
                      (_STREAM_SRC, _STREAM_SAME, _STREAM_OTHER, _STREAM_DST,
-                      _STREAM_NEG_U, _STREAM_NEG_V)}
+                      _STREAM_NEG_U, _STREAM_NEG_V, _STREAM_LOCAL)}
         d = cfg.feature_dim
         self.sigma = _noise_for_accuracy(c, cfg.feature_accuracy) if d else 0.0
         self.centroids = self._centroids(rng) if d else np.zeros((c, 0), np.float32)
@@ -437,7 +473,14 @@ class _Model:
         c = self.num_classes
         glob = _ZipfSampler(np.array([self.num_nodes]), np.array([x0]), self.a)
         cls = _ZipfSampler(self.class_sizes[:1], np.array([x0 / c]), self.a)
-        return self.num_edges * (glob.mass_of_first() + cls.mass_of_first() / c)
+        mass = glob.mass_of_first() + cls.mass_of_first() / c
+        k = self.cfg.communities
+        if k and self.cfg.locality:
+            # A local destination is rank 0 only when the source is in community 0 (~1/K).
+            comm = _ZipfSampler(np.array([(self.num_nodes + k - 1) // k]), np.array([x0 / k]), self.a)
+            mass = glob.mass_of_first() + ((1.0 - self.cfg.locality) * cls.mass_of_first() / c
+                                           + self.cfg.locality * comm.mass_of_first() / k)
+        return self.num_edges * mass
 
     def _solve_x0(self) -> float:
         # The rank-0 degree falls as x0 grows (the head flattens); bisect on log x0.
@@ -508,20 +551,33 @@ class _Model:
             dst_cls = np.where(other, (src_cls + shift) % c, src_cls)
         else:
             dst_cls = src_cls
+        local = (_uniform(k[_STREAM_LOCAL], idx) < self.locality) if self.locality else None
         counter = idx.astype(np.uint64) * _U64(64)
-        dst = dst_cls + c * self.per_class.sample(_uniform(k[_STREAM_DST], counter), dst_cls)
+        dst = self._draw_dst(_uniform(k[_STREAM_DST], counter), src, dst_cls, local)
         # Redraw self loops with the next counters; the 64 slots per edge are never
         # exhausted in practice (a hub's chance of drawing itself is < 1/2 per try).
         loops = np.flatnonzero(dst == src)
         attempt = 1
         while loops.size and attempt < 64:
             u = _uniform(k[_STREAM_DST], counter[loops] + _U64(attempt))
-            dst[loops] = dst_cls[loops] + c * self.per_class.sample(u, dst_cls[loops])
+            dst[loops] = self._draw_dst(u, src[loops], dst_cls[loops], None if local is None else local[loops])
             loops = loops[dst[loops] == src[loops]]
             attempt += 1
         if loops.size:
             raise SyntheticError("could not avoid a self loop; lower --max-degree")
         return self.node_perm.forward(src), self.node_perm.forward(dst)
+
+    def _draw_dst(self, u: np.ndarray, src: np.ndarray, dst_cls: np.ndarray,
+                  local: np.ndarray | None) -> np.ndarray:
+        """Destination ranks for uniforms ``u``: ``∝ w`` inside ``dst_cls``, or inside the
+        source's community where ``local`` is set."""
+        c = self.num_classes
+        dst = dst_cls + c * self.per_class.sample(u, dst_cls)
+        if local is not None and local.any():
+            k = self.num_communities
+            comm = src[local] % k  # inside src's class, as K is a multiple of C
+            dst[local] = comm + k * self.per_community.sample(u[local], comm)
+        return dst
 
     def random_pairs(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Uniform node pairs for negatives (may contain ``u == v``)."""
@@ -1164,6 +1220,8 @@ def _write_all(cfg: SyntheticConfig, model: _Model,
             "max_expected_degree": model.expected_max_degree(model.x0),
             "max_degree_target": model.max_degree,
             "homophily": cfg.homophily,
+            "communities": cfg.communities,
+            "locality": cfg.locality,
             "feature_noise_sigma": model.sigma,
             "feature_decimals": FEATURE_DECIMALS,
             "node_label_dtype": "float64" if cfg.layout == "npz" else "int64",
@@ -1208,7 +1266,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-nodes", type=int, default=None,
                    help="rows per chunk (memory bound; default: ~1M feature values)")
     p.add_argument("--homophily", type=float, default=0.8,
-                   help="expected fraction of edges inside a class")
+                   help="expected fraction of edges inside a class (of the non-local ones)")
+    p.add_argument("--communities", type=int, default=0,
+                   help="communities K, a multiple of --num-classes (0: none)")
+    p.add_argument("--locality", type=float, default=0.0,
+                   help="probability that an edge stays inside its source's community")
     p.add_argument("--name", default="synthetic")
     p.add_argument("--feature-dtype", choices=("float32", "float16"), default="float32")
     p.add_argument("--split", type=_split_arg, default=None,
@@ -1239,7 +1301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out=args.out, kind=args.kind, num_nodes=args.num_nodes, avg_degree=args.avg_degree,
         feature_dim=args.feature_dim, num_classes=args.num_classes, layout=args.layout,
         seed=args.seed, chunk_nodes=args.chunk_nodes, homophily=args.homophily,
-        name=args.name, feature_dtype=args.feature_dtype, split=args.split,
+        communities=args.communities, locality=args.locality, name=args.name, feature_dtype=args.feature_dtype, split=args.split,
         split_name=args.split_name, unlabeled_fraction=args.unlabeled_fraction,
         write_train_pt=args.write_train_pt, max_degree=args.max_degree,
         degree_exponent=args.degree_exponent, feature_accuracy=args.feature_accuracy,

@@ -5,7 +5,9 @@ A user knows how much memory the buffer may take, not how many partitions that i
 
 - the slots (`BufferMemory`): ``slots_needed`` partitions of rows (features, int32 labels,
   float32 embedding + optimizer state), which with prefetch covers two consecutive states;
-- the static cache: its rows, and its edges (three int64 arrays);
+- the static cache: its int64 ids, its rows twice (the `StaticCache` keeps the copy it
+  read, the buffer holds its own), and its edges (source and destination in the store's index dtype, their
+  int32 positions among the cache ids, and int32 relations);
 - the edge buckets held (source dtype src + dst (+ int32 rel)) and the two assembled
   graphs alive at once (the one trained and the one ready): int64 ``indices`` (+ ``rel``)
   per edge, int64 ``indptr`` and ``node_ids`` per local row.
@@ -54,9 +56,9 @@ def footprint(store: Store, states: Sequence[Sequence[int]], *, prefetch: bool =
         row += m.feature_dim * np.dtype(m.feature_dtype).itemsize
     slots = slots_needed(states, prefetch=prefetch)
     cache_row = row - 8 * embedding_dim
-    cache_bytes = cache_nodes * cache_row + cache_edges * 3 * 8
-    sizes = np.diff(store.bucket_offsets).reshape(p, p)  # sizes[j, i]: bucket (i, j)
     raw_edge = 2 * np.dtype(m.index_dtype).itemsize + 4 * m.has_relations
+    cache_bytes = cache_nodes * (2 * cache_row + 8) + cache_edges * (raw_edge + 2 * 4)  # + int64 ids
+    sizes = np.diff(store.bucket_offsets).reshape(p, p)  # sizes[j, i]: bucket (i, j)
     graph_edge = 8 + 8 * m.has_relations
     local_rows = slots * P + cache_nodes
 

@@ -56,7 +56,7 @@ class StaticCache:
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.ids, self.features, self.labels, self.src, self.dst, self.rel)
+        arrays = (self.ids, self.features, self.labels, self.src, self.dst, self.rel, self.src_pos, self.dst_pos)
         return sum(a.nbytes for a in arrays if a is not None)
 
     @classmethod

@@ -223,8 +223,12 @@ def assemble_resident_graph(
         uncovered = slot_of[cache_ids // P] < 0
         node_ids[memory.cache_start:][uncovered] = cache_ids[uncovered]
 
-    def local(ids: np.ndarray) -> np.ndarray:
-        return _local_ids(ids, slot_of, P, cache_ids, memory.cache_start)
+    def shifted(ids: np.ndarray, k: int) -> np.ndarray:
+        # Every id of a bucket's side lies in one resident partition k: its local id is
+        # the store id moved by a constant, with no per-edge partition lookup.
+        out = ids.astype(np.int64)
+        out += int(slot_of[k] - k) * P
+        return out
 
     src_parts, dst_parts, rel_parts = [], [], []
     # Buckets in partition-id order, so that each destination's sources come in ascending
@@ -233,8 +237,8 @@ def assemble_resident_graph(
     for j in sorted(parts):
         for i in sorted(parts):
             s, d, r = buckets[(i, j)]
-            src_parts.append(local(s))
-            dst_parts.append(local(d))
+            src_parts.append(shifted(s, i))
+            dst_parts.append(shifted(d, j))
             if r is not None:
                 rel_parts.append(r.astype(np.int64))
     if static_cache is not None and static_cache.src.size:

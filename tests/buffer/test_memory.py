@@ -71,6 +71,19 @@ def test_hierbatching_with_its_static_cache(store):
     assert buffer.memory.num_slots == 4  # two disjoint mega-batches of 2 at once
 
 
+def test_footprint_counts_the_static_cache_as_held(store):
+    degree = store.read_degree("in") + store.read_degree("out")
+    cache = StaticCache.load(store, static_cache_ids(degree, 0.05))
+    states = [(0, 1), (2, 3)]
+    bare = footprint(store, states)
+    with_cache = footprint(store, states, cache_nodes=cache.num_nodes, cache_edges=int(cache.src.size))
+    memory = BufferMemory.allocate(store, bare.slots, cache_rows=cache.num_nodes)
+    bytes_per_row = sum(t[0].nbytes for t in (memory.features, memory.labels) if t is not None)
+    # The cache's own arrays (ids, rows, edges, positions) plus the buffer's cache rows.
+    assert with_cache.cache_bytes == cache.nbytes + cache.num_nodes * bytes_per_row
+    assert with_cache.slot_bytes == bare.slot_bytes
+
+
 def test_memory_is_reused_across_epochs_and_guarded(store):
     states = [(0, 1), (2, 3)]
     memory = BufferMemory.allocate(store, 4)

@@ -170,6 +170,33 @@ def test_fraction_of_edges_inside_a_class_matches_homophily(tmp_path, homophily)
     assert abs(inside - homophily) < 0.03
 
 
+def test_locality_keeps_edges_inside_communities_which_lie_inside_classes(tmp_path):
+    out = tmp_path / "loc"
+    k, locality, homophily = 50, 0.7, 0.5
+    _generate(out, feature_dim=0, homophily=homophily, communities=k, locality=locality, seed=4)
+    edges = _read_ints(out / "raw" / "edge.csv.gz")
+    labels = _read_ints(out / "raw" / "node-label.csv.gz")
+    model = ms._Model(ms.SyntheticConfig(out=out, num_nodes=N, communities=k, locality=locality, seed=4))
+    community = model.node_perm.inverse(np.arange(N)) % k
+    # A community lies inside one class.
+    assert all(np.unique(labels[community == j]).size == 1 for j in range(k))
+    inside_community = (community[edges[:, 0]] == community[edges[:, 1]]).mean()
+    inside_class = (labels[edges[:, 0]] == labels[edges[:, 1]]).mean()
+    # Non-local draws land in the source's community with probability ~ 1/(K/C) * h.
+    assert abs(inside_community - (locality + (1 - locality) * homophily * 10 / k)) < 0.03
+    assert abs(inside_class - (locality + (1 - locality) * homophily)) < 0.03
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"locality": 0.5}, "needs communities"),
+    ({"communities": 15, "locality": 0.5}, "multiple of num_classes"),
+    ({"communities": 10, "locality": 1.5}, "locality must be in"),
+])
+def test_bad_locality_settings_are_refused(tmp_path, kwargs, message):
+    with pytest.raises(ms.SyntheticError, match=message):
+        ms.generate(ms.SyntheticConfig(out=tmp_path / "x", num_nodes=1000, **kwargs))
+
+
 def test_features_are_learnable_but_not_trivially(node_csv):
     feats = _read_floats(node_csv / "raw" / "node-feat.csv.gz")
     labels = _read_ints(node_csv / "raw" / "node-label.csv.gz")
