@@ -1,9 +1,11 @@
 """Train a link predictor (knowledge-graph embeddings, optionally with a GNN encoder) on a
 graphstore store, in memory or out of core.
 
-    python trainers/link_prediction.py --store S.gs --model distmult|complex|transe
+    python trainers/link_prediction.py --store S.gs --model distmult|complex|transe|mlp
         [--encoder none|sage|gat|rgcn] --scheme minibatch|disk --policy comet|beta
         [--embedding-dim d] --negatives N --num-chunks K --degree-fraction f
+        [--loss softmax|logistic|margin] [--corrupt both|dst|pair] [--regularization W]
+        [--embedding-optimizer adagrad|adam] [--decoder-layers L --decoder-hidden H]
         --eval filtered|unfiltered|ogb [--embeddings] [--fanouts 10,5]
         --batch-size B --epochs E --lr 0.1 --seed S --metrics-out M.json
         --checkpoint-dir D [--resume] [--config C.toml]
@@ -18,11 +20,21 @@ touched), and the buffer writes them back when it evicts a partition and at the 
 each epoch. Relation embeddings and encoder weights are ordinary parameters
 (``--optimizer adagrad|adam``, dense). With an encoder, each batch's DENSE over its
 endpoints and negatives is encoded from the embedding rows (their gradients go to the
-sparse update) or from the store's features.
+sparse update) or from the store's features. ``--embedding-optimizer adam`` (minibatch
+scheme only) updates the touched rows with Adam instead, as OGB's baselines train their
+``nn.Embedding``; the table's state slot then holds Adam's second moment and the first
+moment stays in memory (saved with checkpoints).
 
 Loss: MariusGNN's — each positive against its chunk's shared negatives at both ends
 (``--loss softmax``, or ``logistic``/``margin``), plus an optional N3 penalty
-(``--regularization``). Relation embeddings start ~ N(0, 1) (``--relation-init normal``)
+(``--regularization``). ``--corrupt dst`` replaces only the destination; ``--corrupt pair``
+scores negative edges whose both ends are random (OGB's ogbl-ddi recipe, with
+``--negatives 2 --num-chunks B``: each positive its own random edge). Many uniform
+negatives in one chunk (``--negatives 2048 --num-chunks 1 --degree-fraction 0``) approach 1-vs-all training (LibKGE, Lacroix et al.), which is what
+WN18RR's DistMult needs. ``--model mlp`` is OGB's link predictor, an MLP on ``s * r * o``
+(``--decoder-layers``, ``--decoder-hidden``, dropout ``--dropout``); it scores given pairs
+and few negatives (its ranking against every node is N times an MLP, so use it with
+``--eval ogb``). Relation embeddings start ~ N(0, 1) (``--relation-init normal``)
 rather than at the decoders' all-ones identity: with all-ones relations DistMult scores
 ``(h, r, h)`` as ``|h|^2``, sampled negatives almost never contain ``h`` itself, and full
 ranking then puts ``h`` above the true tail (on WN18RR: 98 % of test queries, MRR 0.14
@@ -58,7 +70,7 @@ import graphstore
 from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EMBEDDINGS_ARRAY, EmbeddingTable
 from graphstore.loaders import EdgeBatch, EdgeLoader
-from graphstore.nn import DECODERS, GNN, full_ranks, ogb_hits_at_k, ranking_metrics
+from graphstore.nn import DECODERS, GNN, full_ranks, link_loss, ogb_hits_at_k, ranking_metrics
 from graphstore.sample import sample_dense
 from graphstore.sample.reference import Block
 
@@ -92,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embedding-scale", type=float, default=1e-3,
                    help="initial embeddings ~ scale * N(0, 1) (MariusGNN: 0.001)")
     p.add_argument("--embedding-lr", type=float, help="learning rate of the embeddings (default --lr)")
+    p.add_argument("--embedding-optimizer", choices=["adagrad", "adam"], default="adagrad",
+                   help="sparse optimizer of the embeddings: adagrad (MariusGNN; state in the store) or adam "
+                        "(as OGB's baselines; its first moment is kept in memory, so minibatch scheme only)")
     p.add_argument("--negatives", type=common.positive_int, default=256, help="negatives per chunk")
     p.add_argument("--num-chunks", type=common.positive_int, default=8,
                    help="chunks of a batch sharing negatives")
@@ -101,6 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="relation embeddings start at the decoder's identity (ones) or ~ N(0, 1) (default): "
                         "signed relations keep DistMult/ComplEx from scoring (h, r, h) above true tails")
     p.add_argument("--loss", choices=["softmax", "logistic", "margin"], default="softmax")
+    p.add_argument("--corrupt", choices=["both", "dst", "pair"], default="both",
+                   help="ends the negatives replace: both (MariusGNN, summed), the destination only, or pair: "
+                        "negative edges between two random nodes, columns (2k, 2k+1) of each chunk's negatives "
+                        "(OGB's ogbl-ddi/collab baselines: --negatives 2 --num-chunks B, one random edge each)")
+    p.add_argument("--decoder-layers", type=common.positive_int, default=3,
+                   help="--model mlp: linear layers of the MLP on s * r * o (OGB: 3)")
+    p.add_argument("--decoder-hidden", type=common.positive_int,
+                   help="--model mlp: hidden width (default embedding dim); its dropout is --dropout")
     p.add_argument("--margin", type=float, default=1.0, help="margin loss only")
     p.add_argument("--regularization", type=float, default=0.0, metavar="W",
                    help="N3 penalty W * mean(|s|^3 + |r|^3 + |o|^3) on each batch's positives "
@@ -110,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fanouts", type=common.fanout_list, default=(10, 5),
                    help="encoder only: neighbours per hop, nearest first, one per layer")
     p.add_argument("--hidden", type=common.positive_int, help="encoder hidden width (default embedding dim)")
-    p.add_argument("--dropout", type=common.unit_float, default=0.0, help="encoder dropout")
+    p.add_argument("--dropout", type=common.unit_float, default=0.0, help="encoder (and --model mlp) dropout")
     p.add_argument("--heads", type=common.positive_int, default=2, help="GAT heads")
     p.add_argument("--eval", dest="eval_mode", choices=["filtered", "unfiltered", "ogb"],
                    help="ranking protocol (default ogb when the valid split ships negatives, else filtered)")
@@ -153,6 +176,22 @@ def sparse_adagrad_(table: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
     table[rows, 0] = table[rows, 0] - lr * grad / (acc.sqrt() + ADAGRAD_EPS)
 
 
+def sparse_adam_(table: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor, lr: float,
+                 exp_avg: torch.Tensor, ids: torch.Tensor, step: int,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+    """Adam on ``table[rows]`` in place (PyTorch's SparseAdam: only the rows a batch
+    touched, bias correction by the global ``step``, 1-based). The table's state slot holds
+    the second moment (an average of ``g*g``, not Adagrad's sum); the first moment lives in
+    ``exp_avg`` [num_store_nodes, d], indexed by the rows' store ids ``ids``."""
+    b1, b2 = betas
+    m = exp_avg[ids] * b1 + (1 - b1) * grad
+    exp_avg[ids] = m
+    v = table[rows, 1] * b2 + (1 - b2) * grad * grad
+    table[rows, 1] = v
+    denom = (v / (1 - b2 ** step)).sqrt() + eps
+    table[rows, 0] = table[rows, 0] - lr * (m / (1 - b1 ** step)) / denom
+
+
 class _EdgeIdLoader(EdgeLoader):
     """EdgeLoader whose DENSE carries edge ids, so an RGCN can look up each sampled edge's
     relation (``graph.rel[dense.edge_ids]``). Workaround: `EdgeLoader._batch` samples
@@ -171,14 +210,53 @@ class _EdgeIdLoader(EdgeLoader):
 
 # ---------------------------------------------------------------------- the model
 
+def link_prediction_loss(decoder, s: torch.Tensor, rel: torch.Tensor, o: torch.Tensor, n: torch.Tensor,
+                         chunk_of: torch.Tensor, *, corrupt: str = "both", kind: str = "softmax",
+                         margin: float = 1.0) -> torch.Tensor:
+    """``decoder.loss`` of positives ``(s, rel, o)`` [B, d] against the chunks' negatives
+    ``n`` [C, K, d], replacing the destination (``corrupt="dst"``) or both ends; or, with
+    ``corrupt="pair"``, against K/2 negative edges ``(n[c, 2k], rel, n[c, 2k+1])`` whose two
+    ends are both random (OGB's negatives: a node's degree then raises its positives'
+    scores without the negatives taking it back, as Hits@K on random pairs rewards).
+
+    With one chunk per positive (``C == B``, OGB's one negative edge per positive), the
+    negatives are scored as K pairs per positive: the same numbers as the chunked product,
+    without padding and B batched 1 x d products.
+    """
+    if corrupt == "pair":
+        # Negative edge k of positive i: (n[c, 2k], rel_i, n[c, 2k + 1]), c = chunk_of[i].
+        if n.shape[1] % 2:
+            raise ConfigError(f"corrupt pair needs an even number of negatives (got {n.shape[1]})")
+        pos = decoder.score(s, rel, o)
+        per = n if n.shape[0] == s.shape[0] else n.index_select(0, chunk_of)
+        neg = torch.stack([decoder.score(per[:, 2 * k], rel, per[:, 2 * k + 1]) for k in range(n.shape[1] // 2)], 1)
+        return link_loss(pos, neg, kind=kind, margin=margin)
+    sides = ("dst", "src") if corrupt == "both" else ("dst",)
+    b = s.shape[0]
+    if n.shape[0] != b or b == 0:
+        return decoder.loss(s, rel, o, chunk_of=chunk_of, neg_dst=n, neg_src=n if corrupt == "both" else None,
+                            kind=kind, margin=margin)
+    pos = decoder.score(s, rel, o)
+    total = pos.new_zeros(())
+    for side in sides:
+        neg = torch.stack([decoder.score(s, rel, n[:, k]) if side == "dst" else decoder.score(n[:, k], rel, o)
+                           for k in range(n.shape[1])], 1)
+        total = total + link_loss(pos, neg, kind=kind, margin=margin)
+    return total
+
+
 class LinkModel(torch.nn.Module):
     """Optional GNN encoder + decoder; node inputs come from outside (embeddings or features)."""
 
     def __init__(self, args, *, in_dim: int, num_relations: int) -> None:
         super().__init__()
         dim = args.embedding_dim
-        self.decoder = DECODERS[args.model](dim, num_relations)
-        if args.relation_init == "normal" and args.model != "transe":
+        if args.model == "mlp":  # OGB's LinkPredictor on the Hadamard product
+            self.decoder = DECODERS["mlp"](dim, num_relations, hidden=args.decoder_hidden or dim,
+                                           num_layers=args.decoder_layers, dropout=args.dropout)
+        else:
+            self.decoder = DECODERS[args.model](dim, num_relations)
+        if args.relation_init == "normal" and args.model in ("distmult", "complex"):
             # With relations at all ones, score(h, r, h) = sum(h * h) is large for every h and
             # sampled negatives almost never contain h itself, so nothing pushes it down; in
             # full ranking h then outranks the true tail (on WN18RR, 98 % of test queries).
@@ -218,6 +296,9 @@ class Trainer:
         opt = torch.optim.Adagrad if args.optimizer == "adagrad" else torch.optim.Adam
         self.optimizer = opt(self.model.parameters(), lr=args.lr)
         self.embedding_lr = args.embedding_lr if args.embedding_lr is not None else args.lr
+        self.embedding_adam = None  # {"exp_avg": [N, d], "step": int} with --embedding-optimizer adam
+        if self.use_embeddings and args.embedding_optimizer == "adam":
+            self.embedding_adam = {"exp_avg": torch.zeros(store.num_nodes, args.embedding_dim), "step": 0}
         self._full_graph = None
 
     # -------------------------------------------------------------- training
@@ -249,8 +330,8 @@ class Trainer:
             h = self.model.encoder(x, dense.to(self.device), edge_type=edge_type)
             idx = {k: v.to(self.device) for k, v in batch.index.items()}
             s, o, n = h[idx["src"]], h[idx["dst"]], h[idx["neg"]]
-        loss = self.model.decoder.loss(s, rel, o, chunk_of=chunk_of, neg_dst=n, neg_src=n,
-                                       kind=self.args.loss, margin=self.args.margin)
+        loss = link_prediction_loss(self.model.decoder, s, rel, o, n, chunk_of, corrupt=self.args.corrupt,
+                                    kind=self.args.loss, margin=self.args.margin)
         if self.args.regularization:
             r = self.model.decoder.relations.index_select(0, rel)
             n3 = (s.abs() ** 3 + r.abs() ** 3 + o.abs() ** 3).sum(1).mean()
@@ -260,7 +341,13 @@ class Trainer:
         self.optimizer.step()
         if self.use_embeddings:
             with torch.no_grad():
-                sparse_adagrad_(g.embeddings, rows, x.grad.to(g.embeddings.device), self.embedding_lr)
+                grad = x.grad.to(g.embeddings.device)
+                if self.embedding_adam is None:
+                    sparse_adagrad_(g.embeddings, rows, grad, self.embedding_lr)
+                else:
+                    self.embedding_adam["step"] += 1
+                    sparse_adam_(g.embeddings, rows, grad, self.embedding_lr, self.embedding_adam["exp_avg"],
+                                 g.node_ids[rows].long(), self.embedding_adam["step"])
         return float(loss.detach())
 
     def train_epoch(self, epoch: int) -> tuple[float, int]:
@@ -396,6 +483,12 @@ def resolve_config(args: argparse.Namespace, store) -> dict:
     if args.encoder == "rgcn" and not m.has_relations:
         raise ConfigError(f"{store.path}: --encoder rgcn needs relation types; the store has none "
                           "(use sage or gat)")
+    if args.corrupt == "pair" and args.negatives % 2:
+        raise ConfigError(f"--corrupt pair draws negative edges from pairs of negatives: --negatives must be even "
+                          f"(got {args.negatives})")
+    if args.embedding_optimizer == "adam" and config["learnable_embeddings"] and args.scheme != "minibatch":
+        raise ConfigError("--embedding-optimizer adam keeps its first moment in memory: minibatch scheme only "
+                          "(the disk scheme's embeddings keep Adagrad state in the store)")
     if args.model == "complex" and args.embedding_dim % 2:
         raise ConfigError(f"--model complex needs an even --embedding-dim (got {args.embedding_dim})")
     if args.encoder == "gat" and (args.hidden or args.embedding_dim) % args.heads and len(args.fanouts) > 1:
@@ -450,6 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if state is not None:
         trainer.model.load_state_dict(state["model"])
         trainer.optimizer.load_state_dict(state["optimizer"])
+        if trainer.embedding_adam is not None:
+            trainer.embedding_adam = state["embedding_adam"]
         common.set_rng_state(state["rng"])
         start_epoch, history, resumed_from = state["epoch"] + 1, state["history"], state["epoch"]
         print(f"resumed from {ckpt.latest()} (epoch {state['epoch']} done)", flush=True)
@@ -484,7 +579,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          else None)
             saved_config = {k: v for k, v in config.items() if k != "loader"}
             ckpt.save(epoch, {"epoch": epoch, "model": trainer.model.state_dict(),
-                              "optimizer": trainer.optimizer.state_dict(), "rng": common.rng_state(),
+                              "optimizer": trainer.optimizer.state_dict(),
+                              "embedding_adam": trainer.embedding_adam, "rng": common.rng_state(),
                               "history": history, "config": saved_config}, snapshots=snapshots)
         last_eval = next((h for h in reversed(history) if h["valid"]), None)
         metrics.write(epochs=history, resumed_from=resumed_from, final=_pick(last_eval), best=_pick(best))

@@ -7,6 +7,7 @@
         --fanouts 15,10 --batch-size 1000 --epochs E --lr 0.01 --hidden 64 --dropout 0.5
         --seed 0 --device cpu --metrics-out M.json --checkpoint-dir D [--resume]
         [--config C.toml] [--eval-fanouts -1,-1] [--eval-scheme S] [--weight-decay 5e-4] [--heads 4]
+        [--normalize-features none|row] [--lr-schedule none|cosine]
 
 Schemes (`graphstore.loaders`): ``minibatch`` holds the whole graph (the in-memory
 reference), ``megabatch`` HierBatching's mega-batches (a quarter of the partitions, a
@@ -26,6 +27,14 @@ memory instead, for graphs that fit. Its fanouts default to all neighbours (-1 p
 has at most ``FULL_EVAL_MAX_EDGES`` edges (exact and deterministic), else the training
 fanouts; ``--eval-fanouts`` overrides, and the choice is recorded.
 
+``--normalize-features row`` divides every input feature row by its sum of absolute values
+(rows of zeros stay zero): PyG's ``NormalizeFeatures`` for the non-negative features of
+Planetoid and the gnn-benchmark datasets. It is applied to each batch's gathered input rows
+(training and evaluation, every scheme), so it needs no pass over the store and works out of
+core. ``--lr-schedule cosine`` anneals the learning rate per epoch from ``--lr`` towards 0
+(``lr * (1 + cos(pi * epoch / epochs)) / 2``); it is a function of the epoch alone, so a
+resumed run sets the same rates.
+
 The ``final`` metrics are the last epoch's; ``best`` are those of the epoch with the best
 validation accuracy (the usual model selection), both in the metrics JSON.
 """
@@ -33,6 +42,8 @@ validation accuracy (the usual model selection), both in the metrics JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -87,7 +98,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dropout", type=common.unit_float, default=0.5)
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--heads", type=common.positive_int, default=4, help="GAT attention heads")
+    p.add_argument("--normalize-features", choices=["none", "row"], default="none",
+                   help="row: divide each input feature row by its L1 norm (PyG's NormalizeFeatures), "
+                        "per batch, so it works out of core")
+    p.add_argument("--lr-schedule", choices=["none", "cosine"], default="none",
+                   help="cosine: anneal the learning rate per epoch from --lr towards 0")
     return p
+
+
+def normalize_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row divided by its sum of absolute values (L1 norm); rows of zeros stay zero."""
+    norm = x.abs().sum(dim=1, keepdim=True)
+    return x / torch.where(norm > 0, norm, torch.ones_like(norm))
+
+
+def prepare(batch, args: argparse.Namespace | None):
+    """The batch as the model sees it: input rows row-normalised with ``--normalize-features row``."""
+    if args is None or getattr(args, "normalize_features", "none") == "none":
+        return batch
+    return dataclasses.replace(batch, features=normalize_rows(batch.features.float()))
+
+
+def epoch_lr(args: argparse.Namespace, epoch: int) -> float:
+    """The learning rate of ``epoch`` (0-based) under ``--lr-schedule``."""
+    if args.lr_schedule == "cosine":
+        return args.lr * 0.5 * (1.0 + math.cos(math.pi * epoch / args.epochs))
+    return args.lr
 
 
 def resolve_config(args: argparse.Namespace, store) -> dict:
@@ -153,6 +189,7 @@ def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, see
     # from the previous epoch (graphstore.loaders), so a resumed run replays it exactly.
     for step, batch in enumerate(common.progress(loader.epoch(epoch), desc=f"epoch {epoch}",
                                                  total=loader.num_batches(epoch))):
+        batch = prepare(batch, args)
         labels = batch.labels.to(device)
         optimizer.zero_grad(set_to_none=True)
         if micro:
@@ -192,11 +229,13 @@ def _micro_step(model, batch, args, *, seed: int, stats: dict | None, device) ->
 
 
 @torch.no_grad()
-def evaluate(model, loader: NodeLoader, epoch: int, device) -> dict[str, float]:
+def evaluate(model, loader: NodeLoader, epoch: int, device,
+             args: argparse.Namespace | None = None) -> dict[str, float]:
     """Accuracy over the split; every target is seen exactly once (checked)."""
     model.eval()
     correct, seen = 0, 0
     for batch in loader.epoch(epoch):
+        batch = prepare(batch, args)
         pred = model(batch.features.to(device), batch.dense.to(device)).argmax(1)
         labels = batch.labels.to(device)
         mask = labels >= 0
@@ -240,6 +279,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = ckpt.latest()
         state = ckpt.load(path)
         common.check_resume_config(state["config"], config, path)
+        if args.lr_schedule != "none" and state["config"].get("epochs") != args.epochs:
+            raise ConfigError(f"{path}: --lr-schedule {args.lr_schedule} depends on --epochs; the checkpoint "
+                              f"has {state['config'].get('epochs')}, resume with the same --epochs")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         common.set_rng_state(state["rng"])
@@ -250,15 +292,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     for epoch in range(start_epoch, args.epochs):
         t0 = time.perf_counter()
         micro_stats: dict = {}
+        lr = epoch_lr(args, epoch)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         loss, n = train_epoch(model, optimizer, loaders["train"], epoch, device, seed=args.seed, args=args,
                               micro_stats=micro_stats)
         common.finite_or_raise(loss, epoch)
         t1 = time.perf_counter()
-        valid = evaluate(model, loaders["valid"], epoch, device)
-        test = evaluate(model, loaders["test"], epoch, device)
+        valid = evaluate(model, loaders["valid"], epoch, device, args)
+        test = evaluate(model, loaders["test"], epoch, device, args)
         t2 = time.perf_counter()
         io = common.io_stats([loaders["train"].last_stats])
-        record = {"epoch": epoch, "train_loss": loss, "train_targets": n, "valid": valid, "test": test,
+        record = {"epoch": epoch, "lr": lr, "train_loss": loss, "train_targets": n, "valid": valid, "test": test,
                   "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io, "micro_batching": micro_stats or None,
                   "eval_io": common.io_stats([loaders["valid"].last_stats, loaders["test"].last_stats])}
         history.append(record)

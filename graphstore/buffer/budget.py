@@ -10,7 +10,9 @@ A user knows how much memory the buffer may take, not how many partitions that i
   int32 positions among the cache ids, and int32 relations);
 - the edge buckets held (source dtype src + dst (+ int32 rel)) and the two assembled
   graphs alive at once (the one trained and the one ready): int64 ``indices`` (+ ``rel``)
-  per edge, int64 ``indptr`` and ``node_ids`` per local row.
+  per edge, int64 ``indptr`` and ``node_ids`` per local row; plus the temporaries of the
+  graph being assembled (three int64s per edge, five with relations), which with prefetch
+  exist while the previous state trains.
 
 `capacity_for_budget` plans epoch 0 for each candidate capacity and returns the largest
 whose plan fits; other epochs of a randomised policy differ only in which partitions meet,
@@ -69,10 +71,14 @@ def footprint(store: Store, states: Sequence[Sequence[int]], *, prefetch: bool =
     states = [set(s) for s in states]
     peak = 0
     pairs = zip(states, states[1:] + [set()]) if prefetch else ((s, set()) for s in states)
+    # Assembling a graph needs its int64 sources, destinations (and relations) joined, then
+    # the sort order, before the sorted copy is the graph's: 3 (5) int64s per edge besides it.
+    assembly_edge = 24 + 16 * m.has_relations
     for now, after in pairs:
         held = edges(now | after) * raw_edge
         graphs = (edges(now) + edges(after)) * graph_edge + (2 if after else 1) * local_rows * 16
-        peak = max(peak, held + graphs + cache_edges * graph_edge * 2)
+        assembling = edges(after if prefetch else now) * assembly_edge
+        peak = max(peak, held + graphs + assembling + cache_edges * graph_edge * 2)
     return BufferFootprint(slots, slots * P * row, cache_bytes, peak)
 
 

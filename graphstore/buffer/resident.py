@@ -257,18 +257,25 @@ def assemble_resident_graph(
         if c.rel is not None:
             rel_parts.append(c.rel[keep].astype(np.int64))
     empty = np.zeros(0, np.int64)
+    # The parts are dropped as soon as they are joined: this runs beside training, and its
+    # temporaries count against the same memory (`graphstore.buffer.budget`).
     src = np.concatenate([empty, *src_parts])
+    del src_parts
     dst = np.concatenate([empty, *dst_parts])
+    del dst_parts
     rel = np.concatenate([empty, *rel_parts]) if store.manifest.has_relations else None
+    del rel_parts
     # Group by destination. Buckets come in partition order of j, then i, each sorted by
     # (dst, src) in the store, so a stable sort by dst alone leaves bucket edges in
     # ascending source store id within a destination (timsort merges the sorted runs,
     # several times faster than a lexsort); cache edges follow them, in store order.
     order = np.argsort(dst, kind="stable")
-    src, dst = src[order], dst[order]
-    rel = None if rel is None else rel[order]
     indptr = np.zeros(num_nodes + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst, minlength=num_nodes), out=indptr[1:])
+    np.cumsum(np.bincount(dst, minlength=num_nodes), out=indptr[1:])  # counts need no order
+    del dst
+    src = src[order]
+    rel = None if rel is None else rel[order]
+    del order
     return ResidentGraph(
         partitions=parts,
         slots=slots,

@@ -8,7 +8,7 @@ measurement of a training step's memory; `accumulate` micro-batch gradient accum
 
 from graphstore.nn.accumulate import micro_batch_backward
 from graphstore.nn.base import LayerView, layer_view, segment_mean, segment_softmax, segment_sum
-from graphstore.nn.decoders import DECODERS, ComplEx, Decoder, DistMult, TransE, link_loss
+from graphstore.nn.decoders import DECODERS, ComplEx, Decoder, DistMult, HadamardMLP, TransE, link_loss
 from graphstore.nn.layers import LAYERS, GATConv, GCNConv, GINConv, GNN, RGCNConv, SAGEConv, layer_degrees
 from graphstore.nn.memory import (
     OPTIMIZERS,
@@ -40,6 +40,7 @@ __all__ = [
     "GATConv",
     "GCNConv",
     "GINConv",
+    "HadamardMLP",
     "LayerView",
     "RGCNConv",
     "SAGEConv",

@@ -8,6 +8,8 @@ of them; a graph without relations uses 1):
 * `ComplEx`: ``Re(sum(s * r * conj(o)))``, the first half of each embedding being the real
   part and the second half the imaginary part (so ``dim`` is even).
 * `TransE`: ``-||s + r - o||_p``, ``p`` = 1 or 2.
+* `HadamardMLP`: ``MLP(s * r * o)``, OGB's link predictor for ogbl-ddi/collab (an MLP
+  on the element-wise product of the ends, ``r`` all ones for a graph without relations).
 
 Negatives are shared per chunk of the batch, as `NegativeSample` draws them (MariusGNN):
 positive ``i`` of chunk ``c = chunk_of[i]`` is scored against the ``K`` candidates
@@ -38,7 +40,8 @@ from torch.nn import functional as F
 
 from graphstore.errors import ConfigError
 
-__all__ = ["CORRUPT", "DECODERS", "LOSSES", "ComplEx", "Decoder", "DistMult", "TransE", "link_loss"]
+__all__ = ["CORRUPT", "DECODERS", "LOSSES", "ComplEx", "Decoder", "DistMult", "HadamardMLP", "TransE",
+           "link_loss"]
 
 CORRUPT = ("dst", "src")
 """Which end of a positive edge the negatives replace."""
@@ -247,7 +250,58 @@ class TransE(Decoder):
         return -torch.cdist(q, cand, p=float(self.p), compute_mode="donot_use_mm_for_euclid_dist")
 
 
-DECODERS = {"complex": ComplEx, "distmult": DistMult, "transe": TransE}
+class HadamardMLP(DistMult):
+    """``score(s, r, o) = MLP(s * r * o)``: OGB's ``LinkPredictor`` (ogbl-ddi, ogbl-collab)
+    on the element-wise product of the two ends, with relation embeddings (all ones at
+    first; a graph without relations keeps one) in the product.
+
+    The MLP has ``num_layers`` linear layers, ``dim -> hidden -> ... -> 1``, ReLU and
+    ``dropout`` between them, and outputs a logit (OGB applies the sigmoid in its loss;
+    `link_loss`'s ``logistic`` is the same binary cross-entropy on logits).
+
+    Scoring against shared negatives forms the products ``[C, P, K, dim]`` (the MLP is not
+    bilinear), so memory grows with ``K``: meant for a few negatives per positive (OGB uses
+    one) and for scoring given pairs, not for ranking against every node.
+
+    Parameters
+    ----------
+    dim, num_relations : int
+        As `Decoder`.
+    hidden : int, optional
+        Hidden width (default ``dim``).
+    num_layers : int
+        Linear layers (OGB: 3).
+    dropout : float
+        Dropout after each hidden activation (active in training mode only).
+    """
+
+    def __init__(self, dim: int, num_relations: int = 1, *, hidden: int | None = None,
+                 num_layers: int = 3, dropout: float = 0.0) -> None:
+        if num_layers < 1:
+            raise ConfigError(f"num_layers must be at least 1 (got {num_layers})")
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1) (got {dropout})")
+        super().__init__(dim, num_relations)
+        hidden = hidden or dim
+        widths = [dim] + [hidden] * (num_layers - 1) + [1]
+        self.mlp = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
+        self.dropout = dropout
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        for k, lin in enumerate(self.mlp):
+            x = lin(x)
+            if k < len(self.mlp) - 1:
+                x = F.dropout(F.relu(x), p=self.dropout, training=self.training)
+        return x.squeeze(-1)
+
+    def _pair(self, q: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+        return self._mlp(q * cand)
+
+    def _against(self, q: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+        return self._mlp(q[:, :, None, :] * cand[:, None, :, :])
+
+
+DECODERS = {"complex": ComplEx, "distmult": DistMult, "mlp": HadamardMLP, "transe": TransE}
 """Decoder classes by name."""
 
 

@@ -168,3 +168,38 @@ def test_no_positives_give_an_empty_score_matrix():
     empty = torch.empty(0, 2)
     out = dec.score_negatives(empty, None, empty, torch.randn(1, 4, 2), torch.empty(0, dtype=torch.long))
     assert out.shape == (0, 4)
+
+
+def test_hadamard_mlp_with_one_linear_layer_is_a_weighted_distmult():
+    from graphstore.nn.decoders import HadamardMLP
+
+    dec = with_relations(HadamardMLP(3, num_relations=2, num_layers=1), [[1.0, 2.0, 3.0], [1.0, 1.0, 1.0]])
+    with torch.no_grad():
+        dec.mlp[0].weight.copy_(torch.tensor([[1.0, -1.0, 0.5]]))
+        dec.mlp[0].bias.fill_(2.0)
+    s, o = torch.tensor([[1.0, 2.0, 4.0]] * 2), torch.tensor([[3.0, 1.0, 2.0]] * 2)
+    # s*r*o = [3, 4, 24] -> 3 - 4 + 12 + 2 = 13 ; r = 1: [3, 2, 8] -> 3 - 2 + 4 + 2 = 7
+    assert dec.score(s, torch.tensor([0, 1]), o).tolist() == [13.0, 7.0]
+
+
+def test_hadamard_mlp_is_nonlinear_and_drops_out_only_in_training():
+    from graphstore.nn.decoders import HadamardMLP
+
+    torch.manual_seed(0)
+    dec = HadamardMLP(8, hidden=16, num_layers=3, dropout=0.5)
+    assert [tuple(lin.weight.shape) for lin in dec.mlp] == [(16, 8), (16, 16), (1, 16)]
+    s, o = torch.randn(64, 8), torch.randn(64, 8)
+    dec.eval()
+    a = dec.score(s, None, o)
+    torch.testing.assert_close(dec.score(s, None, o), a)              # deterministic in eval
+    assert not torch.allclose(dec.score(2 * s, None, o), 2 * a)       # not linear in s (ReLU, bias)
+    dec.train()
+    assert not torch.allclose(dec.score(s, None, o), a)               # dropout in training
+    loss = dec.loss(s, None, o, chunk_of=torch.zeros(64, dtype=torch.int64),
+                    neg_dst=torch.randn(1, 1, 8), kind="logistic")
+    loss.backward()
+    assert all(lin.weight.grad.abs().sum() > 0 for lin in dec.mlp)
+    with pytest.raises(ConfigError, match="dropout"):
+        HadamardMLP(4, dropout=1.0)
+    with pytest.raises(ConfigError, match="num_layers"):
+        HadamardMLP(4, num_layers=0)

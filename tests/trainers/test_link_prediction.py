@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import graphstore
+from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EmbeddingTable
 from trainers import common
 from trainers import link_prediction as lp
@@ -114,3 +115,133 @@ def test_store_without_edge_splits_is_one_line(cora_store, capsys):
 def test_ogb_eval_needs_shipped_negatives(fresh_kg, capsys):
     assert run(["--store", fresh_kg, "--epochs", 1, "--eval", "ogb", *FAST]) == 1
     assert "ships no negative edge pairs" in capsys.readouterr().err
+
+
+def write_clustered_ogbl(root, *, num_nodes: int = 120, num_clusters: int = 4, seed: int = 0) -> None:
+    """An ogbl-ddi-like raw directory (undirected, no features, shipped negatives): edges
+    inside clusters, valid/test negatives across clusters, so a trained model ranks
+    positives above the negatives while a random one does not."""
+    import gzip
+
+    rng = np.random.default_rng(seed)
+    cluster = np.arange(num_nodes) % num_clusters
+    pairs = np.array([(u, v) for u in range(num_nodes) for v in range(u + 1, num_nodes)
+                      if cluster[u] == cluster[v] and rng.random() < 0.5])
+    pairs = pairs[rng.permutation(len(pairs))]
+    n_eval = len(pairs) // 10
+    parts = {"valid": pairs[:n_eval], "test": pairs[n_eval:2 * n_eval], "train": pairs[2 * n_eval:]}
+    cross = np.array([(u, v) for u in range(num_nodes) for v in range(u + 1, num_nodes)
+                      if cluster[u] != cluster[v]])
+    raw = root / "raw"
+    raw.mkdir(parents=True)
+    for name, text in {"edge.csv.gz": "".join(f"{u},{v}\n" for u, v in parts["train"]),
+                       "num-node-list.csv.gz": f"{num_nodes}\n",
+                       "num-edge-list.csv.gz": f"{len(parts['train'])}\n"}.items():
+        with gzip.open(raw / name, "wt") as fh:
+            fh.write(text)
+    split = root / "split" / "target"
+    split.mkdir(parents=True)
+    torch.save({"edge": torch.from_numpy(parts["train"])}, split / "train.pt")
+    for name in ("valid", "test"):
+        neg = cross[rng.choice(len(cross), 300, replace=False)]
+        torch.save({"edge": torch.from_numpy(parts[name]), "edge_neg": torch.from_numpy(neg)}, split / f"{name}.pt")
+
+
+def test_ogb_style_sage_with_mlp_decoder_and_one_negative_per_positive(tmp_path):
+    """OGB's ogbl-ddi recipe: full-neighbourhood SAGE over learnable embeddings, the MLP
+    link predictor on h_i * h_j, one negative of its own per positive (destination only),
+    logistic loss, Hits@K on the shipped negatives."""
+    write_clustered_ogbl(tmp_path / "ogbl_toy")
+    store = tmp_path / "toy.gs"
+    graphstore.convert(tmp_path / "ogbl_toy", store, num_partitions=2, partitioner="random")
+    out = tmp_path / "m.json"
+    assert run(["--store", store, "--model", "mlp", "--encoder", "sage", "--fanouts=-1,-1",
+                "--embedding-dim", 16, "--hidden", 16, "--embedding-scale", 0.3, "--dropout", 0.1,
+                "--negatives", 1, "--num-chunks", 256, "--batch-size", 256, "--degree-fraction", 0,
+                "--corrupt", "dst", "--loss", "logistic", "--optimizer", "adam", "--lr", 0.01,
+                "--embedding-lr", 0.05, "--epochs", 15, "--eval-every", 15, "--metrics-out", out]) == 0
+    m = json.loads(out.read_text())
+    assert m["config"]["eval"] == "ogb" and m["config"]["corrupt"] == "dst"
+    assert m["config"]["loader"]["negatives"] == 1 and m["config"]["loader"]["fanouts"] == [-1, -1]
+    losses = [e["train_loss"] for e in m["epochs"]]
+    # logistic loss with one negative: 2 ln 2 at chance; it must fall well below
+    assert losses[0] > 1.0 and losses[-1] < 0.8 * losses[0]
+    # 300 shipped negatives: a random scorer puts about 20/300 of positives above the 20th
+    assert m["final"]["valid"]["hits@20"] > 0.5 and m["final"]["test"]["hits@20"] > 0.5
+    state = lp.build_parser().parse_args(["--model", "mlp"])
+    assert (state.decoder_layers, state.corrupt) == (3, "both")
+
+
+@pytest.mark.parametrize("model", ["distmult", "mlp", "transe"])
+@pytest.mark.parametrize("corrupt", ["both", "dst"])
+@pytest.mark.parametrize("num_chunks", [6, 2])
+def test_pairwise_loss_equals_the_chunked_loss(model, corrupt, num_chunks):
+    """One chunk per positive takes the pairwise path; it must give the decoder's loss."""
+    from graphstore.nn import DECODERS
+
+    torch.manual_seed(0)
+    dec = DECODERS[model](8, num_relations=3).double()
+    with torch.no_grad():
+        dec.relations.normal_()
+    s, o = torch.randn(6, 8, dtype=torch.float64), torch.randn(6, 8, dtype=torch.float64)
+    rel = torch.tensor([0, 1, 2, 0, 1, 2])
+    n = torch.randn(num_chunks, 3, 8, dtype=torch.float64)
+    chunk_of = torch.arange(6) * num_chunks // 6
+    for kind in ("softmax", "logistic", "margin"):
+        got = lp.link_prediction_loss(dec, s, rel, o, n, chunk_of, corrupt=corrupt, kind=kind)
+        want = dec.loss(s, rel, o, chunk_of=chunk_of, neg_dst=n, neg_src=n if corrupt == "both" else None,
+                        kind=kind)
+        torch.testing.assert_close(got, want)
+    if corrupt == "both":  # the source side counts: dst-only is a different number
+        dst_only = lp.link_prediction_loss(dec, s, rel, o, n, chunk_of, corrupt="dst", kind="margin")
+        assert not torch.allclose(dst_only, want)  # want: both ends, margin
+
+
+def test_embedding_adam_learns_resumes_exactly_and_is_minibatch_only(kg_store, tmp_path, capsys):
+    import shutil
+
+    stores = {}
+    for name in ("straight", "split", "adagrad"):
+        stores[name] = tmp_path / f"{name}.gs"
+        shutil.copytree(kg_store, stores[name])
+    args = [*FAST[:-2], "--lr", 0.01, "--embedding-lr", 0.01]
+    adam = ["--embedding-optimizer", "adam"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run(["--store", stores["straight"], *args, *adam, "--epochs", 3, "--checkpoint-dir", a,
+                "--metrics-out", a / "m.json"]) == 0
+    assert run(["--store", stores["split"], *args, *adam, "--epochs", 1, "--checkpoint-dir", b]) == 0
+    assert run(["--store", stores["split"], *args, *adam, "--epochs", 3, "--checkpoint-dir", b, "--resume",
+                "--metrics-out", b / "m.json"]) == 0
+    assert run(["--store", stores["adagrad"], *args, "--epochs", 3]) == 0
+    ma, mb = json.loads((a / "m.json").read_text()), json.loads((b / "m.json").read_text())
+    assert ma["final"] == mb["final"] and ma["config"]["embedding_optimizer"] == "adam"
+    e = {k: EmbeddingTable.open(graphstore.open(v)).read_all() for k, v in stores.items()}
+    assert np.array_equal(e["straight"], e["split"])       # the first moment came back with the checkpoint
+    assert not np.allclose(e["straight"][:, 0], e["adagrad"][:, 0])
+    # Adam's second moment is an average of g*g (below max g*g), Adagrad's a growing sum.
+    assert e["straight"][:, 1].max() < e["adagrad"][:, 1].max()
+    assert ma["final"]["test"]["mrr"] > 3 * random_mrr(graphstore.open(kg_store).num_nodes)
+    assert run(["--store", stores["adagrad"], *args, *adam, "--scheme", "disk", "--epochs", 1]) == 1
+    assert "minibatch scheme only" in capsys.readouterr().err
+
+
+def test_pair_corruption_scores_random_edges():
+    from graphstore.nn import DECODERS, link_loss
+
+    torch.manual_seed(0)
+    dec = DECODERS["distmult"](4, num_relations=2)
+    with torch.no_grad():
+        dec.relations.normal_()
+    s, o, rel = torch.randn(4, 4), torch.randn(4, 4), torch.tensor([0, 1, 1, 0])
+    n = torch.randn(2, 4, 4)                       # 2 chunks of 4 negatives: 2 random edges each
+    chunk_of = torch.tensor([0, 0, 1, 1])
+    got = lp.link_prediction_loss(dec, s, rel, o, n, chunk_of, corrupt="pair", kind="logistic")
+    per = n[chunk_of]
+    neg = torch.stack([(per[:, 0] * dec.relations[rel] * per[:, 1]).sum(1),
+                       (per[:, 2] * dec.relations[rel] * per[:, 3]).sum(1)], 1)
+    torch.testing.assert_close(got, link_loss((s * dec.relations[rel] * o).sum(1), neg, kind="logistic"))
+    # the positives' own ends are not in the negatives: changing them moves only the positive term
+    assert not torch.allclose(got, lp.link_prediction_loss(dec, s, rel, o, n, chunk_of, corrupt="dst",
+                                                           kind="logistic"))
+    with pytest.raises(ConfigError, match="even"):
+        lp.link_prediction_loss(dec, s, rel, o, n[:, :3], chunk_of, corrupt="pair")

@@ -185,3 +185,54 @@ def test_microbatch_budget_and_inside_a_megabatch(cora_store, tmp_path, capsys):
     assert run(["--store", cora_store, "--epochs", 1, *FAST, "--scheme", "microbatch",
                 "--micro-batch-budget", "64KiB"]) == 1
     assert "over the budget" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scheme", ["minibatch", "megabatch"])
+def test_row_normalised_inputs_are_the_store_rows_over_their_sums(cora_store, scheme):
+    """--normalize-features row, applied per batch (also out of core): each input row is the
+    store's feature row divided by its sum (Cora's rows are binary, so the raw sums are > 1)."""
+    import argparse
+
+    import graphstore
+    from graphstore.loaders import NodeLoader
+
+    store = graphstore.open(cora_store)
+    features = torch.as_tensor(store.features[...]).float()
+    row = argparse.Namespace(normalize_features="row")
+    loader = NodeLoader(store, split="train", fanouts=(5, 5), batch_size=64, scheme=scheme, seed=0)
+    rows = 0
+    for batch in loader.epoch(0):
+        raw = features[batch.store_ids]
+        assert torch.equal(batch.features.float(), raw)
+        sums = raw.sum(1, keepdim=True)
+        assert bool((sums > 1).any())  # not normalised in the store
+        got = nc.prepare(batch, row).features
+        nonzero = sums[:, 0] > 0
+        assert torch.allclose(got[nonzero], raw[nonzero] / sums[nonzero], atol=1e-7)
+        assert torch.allclose(got[nonzero].sum(1), torch.ones(int(nonzero.sum())), atol=1e-5)
+        assert bool((got[~nonzero] == 0).all())
+        assert nc.prepare(batch, argparse.Namespace(normalize_features="none")) is batch
+        rows += len(raw)
+    assert rows > 0
+
+
+def test_normalize_features_and_cosine_schedule_are_used_and_recorded(cora_store, tmp_path, capsys):
+    base = ["--store", cora_store, "--epochs", 4, "--dropout", 0, "--seed", 1, "--fanouts", "10,10",
+            "--hidden", "32", "--lr", "0.05"]
+    assert run([*base, "--metrics-out", tmp_path / "plain.json"]) == 0
+    assert run([*base, "--normalize-features", "row", "--lr-schedule", "cosine", "--checkpoint-dir", tmp_path / "ck",
+                "--metrics-out", tmp_path / "row.json"]) == 0
+    plain, row = read(tmp_path / "plain.json"), read(tmp_path / "row.json")
+    assert (plain["config"]["normalize_features"], plain["config"]["lr_schedule"]) == ("none", "none")
+    assert (row["config"]["normalize_features"], row["config"]["lr_schedule"]) == ("row", "cosine")
+    assert [e["lr"] for e in plain["epochs"]] == [0.05] * 4
+    assert [e["lr"] for e in row["epochs"]] == pytest.approx([0.05, 0.05 * (1 + 2 ** -0.5) / 2, 0.025,
+                                                              0.05 * (1 - 2 ** -0.5) / 2])
+    # The same initialisation and samples, other inputs: the first epoch's loss differs.
+    assert row["epochs"][0]["train_loss"] != pytest.approx(plain["epochs"][0]["train_loss"], rel=1e-3)
+    assert row["final"]["test"]["acc"] > CHANCE + 0.2
+    capsys.readouterr()
+    # The schedule depends on --epochs: resuming with another count is refused.
+    assert run([*base, "--epochs", 6, "--normalize-features", "row", "--lr-schedule", "cosine",
+                "--checkpoint-dir", tmp_path / "ck", "--resume"]) == 1
+    assert "--lr-schedule cosine depends on --epochs" in capsys.readouterr().err
