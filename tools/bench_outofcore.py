@@ -24,7 +24,7 @@ dropping the page cache:
   and with one OpenMP thread), so the smallest structure that runs is int64;
 * ``graphstore-megabatch-cache``: the mega-batch scheme with HierBatching's static cache
   of the 1 % highest-degree nodes (the loader's default). On a power-law graph those nodes
-  touch a large share of the edges (18 % on the generator's graphs); the cache's rows and
+  touch a large share of the edges (18-32 % on the generator's graphs); the cache's rows and
   edges come out of the same byte budget, so fewer partitions fit beside it;
 * ``graphstore-memory``: scheme ``minibatch`` (the whole store resident), no cap.
 

@@ -90,13 +90,14 @@ NC_MAIN = ["minibatch", "megabatch", "megabatch_nocache", "disk"]
 # steps the in-memory reference gets (one per epoch at batch 1000); at those rates the
 # megabatch scheme, many steps an epoch on class-skewed partition pairs, does not fit (seed 0,
 # lr 0.02, weight decay 5e-5: minibatch 0.890, megabatch 0.866). Unnormalised, lr 0.01
-# collapses megabatch to a constant prediction; lr 0.001 trains every scheme alike. So
-# Photo keeps its features as shipped, lr 0.001, 200 epochs. Cora and CiteSeer run the
+# collapses megabatch to a constant prediction. Row-normalised at lr 0.01 with a wider
+# hidden layer (128) and light weight decay (5e-5) trains every scheme alike and best
+# (5 seeds: 88.6 in memory, every scheme within 0.3). Cora and CiteSeer run the
 # config as it is (100 epochs). On Cora the out-of-core schemes take several Adam steps an
 # epoch (megabatch ~8, the in-memory reference 1 at batch 1000) and, on 140 labels, overfit
 # past their best epoch (~15): their last-epoch test accuracy is 1.5 points under the
 # reference's, their best-validation epoch's within 0.5 (docs/benchmarks.md).
-NC_DATASET_FLAGS = {"amazon_photo": ["--normalize-features", "none", "--lr", "0.001", "--epochs", "200"]}
+NC_DATASET_FLAGS = {"amazon_photo": ["--lr", "0.01", "--weight-decay", "5e-5", "--hidden", "128", "--epochs", "200"]}
 
 WN_BASE = ["--config", "trainers/configs/wn18rr_distmult.toml"]  # DistMult d=400, 2048 uniform negatives, N3 0.1
 WN_EPOCHS = 15

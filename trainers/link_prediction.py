@@ -30,9 +30,10 @@ Loss: MariusGNN's — each positive against its chunk's shared negatives at both
 (``--regularization``). ``--corrupt dst`` replaces only the destination; ``--corrupt pair``
 scores negative edges whose both ends are random (OGB's ogbl-ddi recipe, with
 ``--negatives 2 --num-chunks B``: each positive its own random edge). Many uniform
-negatives in one chunk (``--negatives 2048 --num-chunks 1 --degree-fraction 0``) approach 1-vs-all training (LibKGE, Lacroix et al.), which is what
-WN18RR's DistMult needs. ``--model mlp`` is OGB's link predictor, an MLP on ``s * r * o``
-(``--decoder-layers``, ``--decoder-hidden``, dropout ``--dropout``); it scores given pairs
+negatives in one chunk (``--negatives 2048 --num-chunks 1 --degree-fraction 0``) approach
+1-vs-all training (LibKGE, Lacroix et al.), which is what WN18RR's DistMult needs.
+``--model mlp`` is OGB's link predictor, an MLP on ``s * r * o`` (``--decoder-layers``,
+``--decoder-hidden``, dropout ``--dropout``); it scores given pairs
 and few negatives (its ranking against every node is N times an MLP, so use it with
 ``--eval ogb``). Relation embeddings start ~ N(0, 1) (``--relation-init normal``)
 rather than at the decoders' all-ones identity: with all-ones relations DistMult scores

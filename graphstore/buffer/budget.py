@@ -6,8 +6,8 @@ A user knows how much memory the buffer may take, not how many partitions that i
 - the slots (`BufferMemory`): ``slots_needed`` partitions of rows (features, int32 labels,
   float32 embedding + optimizer state), which with prefetch covers two consecutive states;
 - the static cache: its int64 ids, its rows twice (the `StaticCache` keeps the copy it
-  read, the buffer holds its own), and its edges (source and destination in the store's index dtype, their
-  int32 positions among the cache ids, and int32 relations);
+  read, the buffer holds its own), and its edges (source and destination in the store's
+  index dtype, their int32 positions among the cache ids, and int32 relations);
 - the edge buckets held (source dtype src + dst (+ int32 rel)) and the two assembled
   graphs alive at once (the one trained and the one ready): int64 ``indices`` (+ ``rel``)
   per edge, int64 ``indptr`` and ``node_ids`` per local row; plus the temporaries of the
