@@ -21,6 +21,12 @@ includes the initial load, recorded separately).
 Link prediction trains learnable embeddings that live in the store, so each run gets its own
 copy of the store (``WORK/runs/.../seed<S>.gs``, removed after the run).
 
+Node-classification datasets may be named with a split seed, e.g. ``amazon_photo_split3``:
+the store is converted with ``--seed 3`` (gnn-benchmark npz files draw their 20/30 per class
+split from it) and the runs and aggregate are kept under that name. The variant
+``dgl_fullbatch`` runs ``tools/reference_dgl.py`` (DGL's GraphSAGE, full graph, the same
+flags) in the interpreter ``--dgl-python`` (default ``.venv-dgl``, created when missing).
+
 ``--quick``: a smoke run (2 epochs, seed 0, a few variants, metrics under ``WORK/quick``).
 """
 
@@ -31,6 +37,7 @@ import concurrent.futures as cf
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -52,6 +59,16 @@ LP_DATASETS = {
     "ogbl_ddi": ("ogbl_ddi", ["--format", "ogb"]),
 }
 PARTITIONS = 8
+SPLIT_SUFFIX = re.compile(r"^(?P<base>.+)_split(?P<seed>\d+)$")
+
+
+def base_dataset(name: str) -> tuple[str, int]:
+    """``amazon_photo_split3`` -> (``amazon_photo``, 3); other names -> (name, 0)."""
+    m = SPLIT_SUFFIX.match(name)
+    if m and m["base"] in NC_DATASETS:
+        return m["base"], int(m["seed"])
+    return name, 0
+
 PUBLISHED = {
     "cora": {"metric": "acc", "value": 0.81, "source": "GCN / GraphSAGE, standard Planetoid split (~0.80-0.81)"},
     "citeseer": {"metric": "acc", "value": 0.70, "source": "GCN / GraphSAGE, standard Planetoid split"},
@@ -76,14 +93,21 @@ NC_VARIANTS = {
     "megabatch_nocache_evalmem": (["--scheme", "megabatch", "--static-cache", "0", "--eval-scheme", "minibatch"],
                                   "megabatch without static cache, in-memory evaluation"),
     "disk_evalmem": (["--scheme", "disk", "--eval-scheme", "minibatch"], "disk training, in-memory evaluation"),
-    # Fairer step counts: batch 32 gives several optimizer steps per epoch for every scheme.
-    "minibatch_bs32": (["--scheme", "minibatch", "--batch-size", "32"], "in memory, batch 32"),
-    "megabatch_bs32": (["--scheme", "megabatch", "--batch-size", "32"], "megabatch defaults, batch 32"),
-    "megabatch_nocache_bs32": (["--scheme", "megabatch", "--static-cache", "0", "--batch-size", "32"],
-                               "megabatch without static cache, batch 32"),
-    "disk_bs32": (["--scheme", "disk", "--batch-size", "32"], "disk, batch 32"),
+    # Fairer step counts: batch 32 gives several optimizer steps per epoch for every scheme
+    # (evaluation keeps batch 1000: it has no gradients and would crawl at 32).
+    "minibatch_bs32": (["--scheme", "minibatch", "--batch-size", "32", "--eval-batch-size", "1000"],
+                       "in memory, batch 32"),
+    "megabatch_bs32": (["--scheme", "megabatch", "--batch-size", "32", "--eval-batch-size", "1000"],
+                       "megabatch defaults, batch 32"),
+    "megabatch_nocache_bs32": (["--scheme", "megabatch", "--static-cache", "0", "--batch-size", "32",
+                                "--eval-batch-size", "1000"], "megabatch without static cache, batch 32"),
+    "disk_bs32": (["--scheme", "disk", "--batch-size", "32", "--eval-batch-size", "1000"], "disk, batch 32"),
+    # Outside reference: DGL 1.1.3's SAGEConv on the same store's graph and split, with the
+    # same hyper-parameters, full graph (one Adam step an epoch, every neighbour).
+    "dgl_fullbatch": ([], "DGL 1.1.3 GraphSAGE, full graph, same split and hyper-parameters"),
 }
-NC_MAIN = ["minibatch", "megabatch", "megabatch_nocache", "disk"]
+NC_VARIANT_SCRIPTS = {"dgl_fullbatch": "tools/reference_dgl.py"}  # others: the trainer
+NC_MAIN = ["minibatch", "megabatch", "megabatch_nocache", "disk", "dgl_fullbatch"]
 # Per-dataset hyper-parameters (every scheme and variant of the dataset). Amazon Photo's
 # features are binary with ~259 ones per row. Row-normalised (cora_sage.toml), they are so
 # small that the input layer needs a high learning rate (0.02-0.05) to fit in the 200 Adam
@@ -102,7 +126,7 @@ NC_DATASET_FLAGS = {"amazon_photo": ["--lr", "0.01", "--weight-decay", "5e-5", "
 WN_BASE = ["--config", "trainers/configs/wn18rr_distmult.toml"]  # DistMult d=400, 2048 uniform negatives, N3 0.1
 WN_EPOCHS = 15
 DDI_BASE = ["--config", "trainers/configs/ddi_sage.toml"]
-DDI_EPOCHS = 20
+DDI_EPOCHS = 100  # an epoch covers both directions of every training edge: OGB's 200 epochs
 LP_VARIANTS = {
     "wn18rr": {
         "minibatch": (WN_BASE + ["--scheme", "minibatch", "--epochs", str(WN_EPOCHS), "--eval-every", "5"],
@@ -115,7 +139,7 @@ LP_VARIANTS = {
                            "GraphSage encoder (fanouts 10,5, d=200) + DistMult, in memory, 20 epochs"),
     },
     "ogbl_ddi": {
-        "sage_minibatch": (DDI_BASE + ["--epochs", str(DDI_EPOCHS), "--eval-every", "2"],
+        "sage_minibatch": (DDI_BASE + ["--epochs", str(DDI_EPOCHS), "--eval-every", "5"],
                            "GraphSage (fanouts 50,50) over learnable embeddings (Adam), DistMult decoder, "
                            f"one random negative edge per positive, logistic loss, in memory, {DDI_EPOCHS} epochs"),
     },
@@ -131,13 +155,14 @@ def stores_dir(work: Path) -> Path:
 
 
 def convert(dataset: str, data: Path, work: Path) -> Path:
-    src, extra = {**NC_DATASETS, **LP_DATASETS}[dataset]
+    base, split_seed = base_dataset(dataset)
+    src, extra = {**NC_DATASETS, **LP_DATASETS}[base]
     out = stores_dir(work) / f"{dataset}.gs"
     if (out / "zarr.json").exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [PY, "-m", "graphstore", "convert", str(data / src), str(out), "--partitions", str(PARTITIONS),
-           "--partitioner", "metis", "--seed", "0", "--overwrite", *extra]
+           "--partitioner", "metis", "--seed", str(split_seed), "--overwrite", *extra]
     print("convert:", " ".join(cmd), flush=True)
     log = out.with_suffix(".convert.log")
     with open(log, "w") as fh:
@@ -152,13 +177,20 @@ def job_env() -> dict:
     return env
 
 
-def complete(path: Path) -> bool:
+def complete(path: Path, flags: list[str] | None = None) -> bool:
+    """A metrics file of a finished run (with ``flags``: one that ran the ``--epochs`` they ask
+    for, so a longer setting re-runs an earlier, shorter run instead of keeping it)."""
     try:
         m = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
+    planned = m["config"]["epochs"]
+    if flags and "--epochs" in flags:
+        wanted = int(flags[len(flags) - 1 - flags[::-1].index("--epochs") + 1])  # the last one wins
+        if wanted != planned:
+            return False
     return (bool(m.get("final")) and bool(m.get("epochs"))
-            and len(m["epochs"]) == m["config"]["epochs"] and m["final"].get("test") is not None)
+            and len(m["epochs"]) == planned and m["final"].get("test") is not None)
 
 
 def has_final(path: Path) -> bool:
@@ -173,18 +205,22 @@ def has_final(path: Path) -> bool:
 def make_jobs(args) -> list[dict]:
     jobs = []
     for ds in args.datasets:
-        if ds in NC_DATASETS:
+        base, _ = base_dataset(ds)
+        if base in NC_DATASETS:
             variants = args.variants or (["minibatch", "megabatch", "disk"] if args.quick else NC_MAIN)
             for v in variants:
                 if v not in NC_VARIANTS:
                     continue
                 for seed in args.seeds:
-                    if "--batch-size" in NC_DATASET_FLAGS.get(ds, []) and v.endswith("_bs32"):
+                    if "--batch-size" in NC_DATASET_FLAGS.get(base, []) and v.endswith("_bs32"):
                         continue  # the dataset's own setting already sets the batch size
-                    flags = NC_BASE + NC_DATASET_FLAGS.get(ds, []) + NC_VARIANTS[v][0] + ["--seed", str(seed)]
+                    flags = NC_BASE + NC_DATASET_FLAGS.get(base, []) + NC_VARIANTS[v][0] + ["--seed", str(seed)]
                     if args.quick:
                         flags += ["--epochs", "2"]
-                    jobs.append(dict(dataset=ds, variant=v, seed=seed, script="trainers/node_classification.py",
+                    script = NC_VARIANT_SCRIPTS.get(v, "trainers/node_classification.py")
+                    if script == "tools/reference_dgl.py" and args.dgl_python:
+                        flags += ["--dgl-python", args.dgl_python]
+                    jobs.append(dict(dataset=ds, variant=v, seed=seed, script=script,
                                      flags=flags, copy_store=False))
         elif ds in LP_DATASETS:
             variants = args.variants or (["minibatch", "disk"] if ds == "wn18rr" else ["sage_minibatch"])
@@ -205,7 +241,7 @@ def make_jobs(args) -> list[dict]:
 def run_job(job: dict, args) -> tuple[dict, bool, float]:
     runs = args.work / ("quick" if args.quick else "runs")
     out = runs / job["dataset"] / job["variant"] / f"seed{job['seed']}.json"
-    if not args.rerun and complete(out):
+    if not args.rerun and complete(out, job["flags"]):
         return job, True, 0.0
     out.parent.mkdir(parents=True, exist_ok=True)
     store = stores_dir(args.work) / f"{job['dataset']}.gs"
@@ -269,13 +305,15 @@ def aggregate(args) -> dict:
     result = {"command": "python tools/run_accuracy.py " + " ".join(sys.argv[1:]),
               "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "work": str(args.work), "quick": args.quick, "datasets": {}}
-    for ds in list(NC_DATASETS) + list(LP_DATASETS):
-        d = runs / ds
-        if not d.is_dir():
+    names = [d.name for d in sorted(runs.iterdir()) if d.is_dir()] if runs.is_dir() else []
+    for ds in names:
+        base, split_seed = base_dataset(ds)
+        if base not in PUBLISHED:
             continue
-        metric = PUBLISHED[ds]["metric"]
+        d = runs / ds
+        metric = PUBLISHED[base]["metric"]
         variants = {}
-        table = NC_VARIANTS if ds in NC_DATASETS else LP_VARIANTS[ds]
+        table = NC_VARIANTS if base in NC_DATASETS else LP_VARIANTS[base]
         for vdir in sorted(p for p in d.iterdir() if p.is_dir()):
             files = sorted(f for f in vdir.glob("seed*.json") if has_final(f))
             if not files:
@@ -285,7 +323,7 @@ def aggregate(args) -> dict:
             bm, bs = mean_std([s["best"] for s in seeds])
             variants[vdir.name] = {
                 "description": table.get(vdir.name, ("", "?"))[1],
-                "flags": (NC_BASE + NC_DATASET_FLAGS.get(ds, []) if ds in NC_DATASETS else [])
+                "flags": (NC_BASE + NC_DATASET_FLAGS.get(base, []) if base in NC_DATASETS else [])
                 + list(table.get(vdir.name, ([], ""))[0]),
                 "n_seeds": len(seeds), "seeds": seeds,
                 "final_mean": fm, "final_std": fs, "best_mean": bm, "best_std": bs,
@@ -297,7 +335,7 @@ def aggregate(args) -> dict:
             }
         # Differences to the reference of the same batch size (minibatch / minibatch_bs32).
         for name, v in variants.items():
-            ref = "minibatch_bs32" if name.endswith("_bs32") else ("minibatch" if ds in NC_DATASETS else None)
+            ref = "minibatch_bs32" if name.endswith("_bs32") else ("minibatch" if base in NC_DATASETS else None)
             if ds == "wn18rr" and name == "disk":
                 ref = "minibatch"
             if ref and ref in variants and ref != name:
@@ -305,7 +343,8 @@ def aggregate(args) -> dict:
                 v["reference"] = ref
                 v["final_diff"] = v["final_mean"] - r["final_mean"]
                 v["best_diff"] = v["best_mean"] - r["best_mean"]
-        result["datasets"][ds] = {"metric": f"test {metric}", "published": PUBLISHED[ds], "variants": variants}
+        result["datasets"][ds] = {"metric": f"test {metric}", "published": PUBLISHED[base],
+                                  "split_seed": split_seed, "variants": variants}
     return result
 
 
@@ -343,6 +382,7 @@ def main(argv=None) -> int:
     p.add_argument("--list", action="store_true", help="print the runs and exit")
     p.add_argument("--aggregate-only", action="store_true", help="only build the JSON from existing runs")
     p.add_argument("--json", type=Path, help="write the aggregate here")
+    p.add_argument("--dgl-python", help="interpreter with dgl for the dgl_fullbatch variant (default .venv-dgl)")
     args = p.parse_args(argv)
     if args.quick:
         args.seeds, args.lp_seeds = [0], [0]

@@ -6,7 +6,8 @@
         [--buffer-partitions C | --buffer-bytes B] [--reuse P] [--static-cache R]
         --fanouts 15,10 --batch-size 1000 --epochs E --lr 0.01 --hidden 64 --dropout 0.5
         --seed 0 --device cpu --metrics-out M.json --checkpoint-dir D [--resume]
-        [--config C.toml] [--eval-fanouts -1,-1] [--eval-scheme S] [--weight-decay 5e-4] [--heads 4]
+        [--config C.toml] [--eval-fanouts -1,-1] [--eval-scheme S] [--eval-batch-size B]
+        [--weight-decay 5e-4] [--heads 4]
         [--normalize-features none|row] [--lr-schedule none|cosine]
 
 Schemes (`graphstore.loaders`): ``minibatch`` holds the whole graph (the in-memory
@@ -25,7 +26,9 @@ Evaluation (every epoch, valid and test splits) runs the model in eval mode over
 neighbours resident with it, as in training; ``--eval-scheme minibatch`` evaluates in
 memory instead, for graphs that fit. Its fanouts default to all neighbours (-1 per hop) when the store
 has at most ``FULL_EVAL_MAX_EDGES`` edges (exact and deterministic), else the training
-fanouts; ``--eval-fanouts`` overrides, and the choice is recorded.
+fanouts; ``--eval-fanouts`` overrides, and the choice is recorded. ``--eval-batch-size``
+(default ``--batch-size``) sets the targets per evaluation batch: a small training batch
+need not make evaluation crawl.
 
 ``--normalize-features row`` divides every input feature row by its sum of absolute values
 (rows of zeros stay zero): PyG's ``NormalizeFeatures`` for the non-negative features of
@@ -92,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-fanouts", type=common.fanout_list,
                    help=f"fanouts for evaluation (default: all neighbours up to {FULL_EVAL_MAX_EDGES:,} "
                         "edges, else the training fanouts)")
+    p.add_argument("--eval-batch-size", type=common.positive_int, metavar="B",
+                   help="targets per evaluation batch (default --batch-size); evaluation keeps no "
+                        "gradients, so it can take larger batches than training")
     p.add_argument("--eval-scheme", choices=["minibatch", "megabatch", "disk"],
                    help="scheme of evaluation (default --scheme; minibatch = in memory, for graphs that fit)")
     p.add_argument("--hidden", type=common.positive_int, default=64, help="hidden width")
@@ -142,6 +148,7 @@ def resolve_config(args: argparse.Namespace, store) -> dict:
         raise ConfigError(f"--eval-fanouts needs one fanout per layer ({len(args.fanouts)}; "
                           f"got {len(config['eval_fanouts'])})")
     config["num_layers"] = len(args.fanouts)
+    config["eval_batch_size"] = args.eval_batch_size or args.batch_size
     micro = args.micro_batches is not None or args.micro_batch_budget is not None
     if args.micro_batches is not None and args.micro_batch_budget is not None:
         raise ConfigError("give --micro-batches or --micro-batch-budget, not both")
@@ -171,7 +178,7 @@ def make_loaders(store, args, config) -> dict[str, NodeLoader]:
         # neighbour samples independent of training's (only matters with sampled fanouts).
         kw = eval_kw
         loaders[split] = NodeLoader(store, split=split, fanouts=config["eval_fanouts"],
-                                    batch_size=args.batch_size, reuse=1, shuffle=False, **kw)
+                                    batch_size=config["eval_batch_size"], reuse=1, shuffle=False, **kw)
     return loaders
 
 

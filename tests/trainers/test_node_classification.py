@@ -236,3 +236,18 @@ def test_normalize_features_and_cosine_schedule_are_used_and_recorded(cora_store
     assert run([*base, "--epochs", 6, "--normalize-features", "row", "--lr-schedule", "cosine",
                 "--checkpoint-dir", tmp_path / "ck", "--resume"]) == 1
     assert "--lr-schedule cosine depends on --epochs" in capsys.readouterr().err
+
+
+def test_eval_batch_size_is_its_own(cora_store, tmp_path):
+    """A small training batch with a large evaluation batch: evaluation covers every target
+    once in fewer batches, and the choice is recorded (default: the training batch size)."""
+    out = tmp_path / "m.json"
+    args = ["--store", cora_store, "--epochs", 1, "--fanouts", "5,5", "--hidden", 8, "--batch-size", 50]
+    assert run([*args, "--eval-batch-size", 400, "--metrics-out", out]) == 0
+    m = read(out)
+    assert m["config"]["eval_batch_size"] == 400
+    assert m["config"]["loaders"]["test"]["batch_size"] == 400
+    assert m["config"]["loaders"]["train"]["batch_size"] == 50
+    assert m["final"]["test"]["acc"] > CHANCE
+    assert run([*args, "--metrics-out", out]) == 0
+    assert read(out)["config"]["eval_batch_size"] == 50
