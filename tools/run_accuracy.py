@@ -186,8 +186,8 @@ def complete(path: Path, flags: list[str] | None = None) -> bool:
         return False
     planned = m["config"]["epochs"]
     if flags and "--epochs" in flags:
-        wanted = int(flags[len(flags) - 1 - flags[::-1].index("--epochs") + 1])  # the last one wins
-        if wanted != planned:
+        last = max(i for i, flag in enumerate(flags) if flag == "--epochs")  # the last one wins
+        if int(flags[last + 1]) != planned:
             return False
     return (bool(m.get("final")) and bool(m.get("epochs"))
             and len(m["epochs"]) == planned and m["final"].get("test") is not None)

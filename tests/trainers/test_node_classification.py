@@ -4,6 +4,7 @@ metrics JSON's contract; exact resume; config file under flags; one-line errors.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -32,6 +33,7 @@ def check_contract(m: dict, epochs: int) -> None:
     assert m["task"] == "node_classification"
     assert set(m["final"]) >= {"valid", "test"}
     assert "acc" in m["final"]["valid"] and "acc" in m["final"]["test"]
+    assert m["final"]["valid"]["loss"] > 0 and m["final"]["test"]["loss"] > 0  # mean cross-entropy
     assert len(m["epochs"]) == epochs
     for e in m["epochs"]:
         assert {"train_loss", "time_s", "io", "valid", "test"} <= set(e)
@@ -64,6 +66,7 @@ def test_each_scheme_learns_and_writes_the_metrics(cora_store, tmp_path, scheme,
     losses = [e["train_loss"] for e in m["epochs"]]
     assert losses[-1] < losses[0]
     assert m["final"]["test"]["acc"] > CHANCE + 0.35
+    assert m["final"]["test"]["loss"] < math.log(7)  # below the loss of a uniform guess
     assert m["epochs"][0]["io"]["bytes_read"] > 0
     printed = capsys.readouterr().out
     assert f"scheme {scheme}: policy {policy}" in printed and f"evaluation: scheme {scheme}" in printed
