@@ -16,7 +16,8 @@ It takes the trainer's flags and config file (``trainers/node_classification.py`
 (``--fanouts``, ``--batch-size``, ``--scheme``, ...) are accepted and ignored: this is
 full-graph training, one Adam step an epoch, every neighbour. The model mirrors the
 trainer's: 2 mean-aggregator layers with a root weight, ReLU and dropout between them, no
-input dropout; row normalisation and the cosine schedule are the trainer's.
+input dropout. Row normalisation and the learning rate of each epoch come from the trainer's
+own functions (``normalize_rows``, ``epoch_lr``), applied in the parent process.
 
 The parent process (graphstore's interpreter) exports the store into a temporary ``.npz``;
 a child process in an interpreter with dgl (``--dgl-python``, else ``.venv-dgl``, created
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import tempfile
@@ -39,17 +39,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def export(store_path: str, out: Path) -> dict:
-    """The store's edges (store ids), features, labels and splits as one ``.npz``."""
+def export(store_path: str, out: Path, *, normalize=None) -> dict:
+    """The store's edges (store ids), features (passed through ``normalize``, a function of
+    a float32 tensor, when given), labels and splits as one ``.npz``."""
     import numpy as np
+    import torch
 
     import graphstore
 
     store = graphstore.open(store_path)
     n = store.num_nodes
     features = np.concatenate([store.read_rows("nodes/features", *store.partition_range(k))
-                               for k in range(store.num_partitions)])
-    np.savez(out, x=features.astype(np.float32, copy=False), y=store.read_rows("nodes/labels", 0, n),
+                               for k in range(store.num_partitions)]).astype(np.float32, copy=False)
+    if normalize is not None:
+        features = normalize(torch.from_numpy(features)).numpy()
+    np.savez(out, x=features, y=store.read_rows("nodes/labels", 0, n),
              src=store.read_rows("edges/src", 0, store.num_edges), dst=store.read_rows("edges/dst", 0, store.num_edges),
              **{f"split_{s}": np.asarray(store.read_node_split(s)) for s in ("train", "valid", "test")})
     return {"num_nodes": n, "num_edges": int(store.num_edges), "feature_dim": int(features.shape[1])}
@@ -73,9 +77,7 @@ def child(spec_path: str) -> None:
     n = len(data["y"])
     graph = dgl.graph((torch.from_numpy(data["src"].astype(np.int64)),
                        torch.from_numpy(data["dst"].astype(np.int64))), num_nodes=n)
-    x = torch.from_numpy(data["x"])
-    if cfg["normalize_features"] == "row":  # the trainer's normalize_rows
-        x = x / x.abs().sum(1, keepdim=True).clamp(min=1e-12)
+    x = torch.from_numpy(data["x"])  # normalised by the parent as the trainer does
     y = torch.from_numpy(data["y"].astype(np.int64))
     split = {s: torch.from_numpy(data[f"split_{s}"].astype(np.int64)) for s in ("train", "valid", "test")}
     classes = int(y.max()) + 1
@@ -95,8 +97,7 @@ def child(spec_path: str) -> None:
     history, best = [], None
     t_start = time.perf_counter()
     for epoch in range(cfg["epochs"]):
-        lr = cfg["lr"] * (0.5 * (1.0 + math.cos(math.pi * epoch / cfg["epochs"]))
-                          if cfg["lr_schedule"] == "cosine" else 1.0)
+        lr = spec["epoch_lr"][epoch]  # the trainer's epoch_lr, computed by the parent
         for group in optimizer.param_groups:
             group["lr"] = lr
         t0 = time.perf_counter()
@@ -153,11 +154,13 @@ def main(argv: list[str] | None = None) -> int:
                                             "normalize_features", "lr_schedule")}
     with tempfile.TemporaryDirectory(prefix="reference_dgl_") as tmp:
         npz = Path(tmp) / "graph.npz"
-        shape = export(args.store, npz)
+        rows = node_classification.normalize_rows if args.normalize_features == "row" else None
+        shape = export(args.store, npz, normalize=rows)
         print(f"exported {args.store}: {shape['num_nodes']:,} nodes, {shape['num_edges']:,} edges, "
               f"{shape['feature_dim']} features", flush=True)
         spec = Path(tmp) / "spec.json"
         spec.write_text(json.dumps({"npz": str(npz), "metrics_out": str(Path(args.metrics_out).resolve()),
+                                    "epoch_lr": [node_classification.epoch_lr(args, e) for e in range(args.epochs)],
                                     "config": {**config, "store": str(args.store)}}))
         return subprocess.run([py, str(Path(__file__).resolve()), "--child", str(spec)]).returncode
 

@@ -110,6 +110,18 @@ def test_export_is_the_store_graph_and_split(cora_store, tmp_path):
         np.testing.assert_array_equal(data[f"split_{s}"], np.asarray(store.read_node_split(s)))
 
 
+def test_export_normalises_with_the_trainers_function(cora_store, tmp_path):
+    from trainers.node_classification import normalize_rows
+
+    npz = tmp_path / "graph.npz"
+    ref.export(str(cora_store), npz, normalize=normalize_rows)
+    x = np.load(npz)["x"]
+    sums = x.sum(1)
+    nonzero = sums > 0
+    assert nonzero.mean() > 0.99  # Cora: every paper has words
+    np.testing.assert_allclose(sums[nonzero], 1.0, rtol=1e-5)
+
+
 def test_reference_refuses_without_dgl_or_with_another_model(cora_store, tmp_path):
     base = [sys.executable, str(REPO / "tools" / "reference_dgl.py"), "--store", str(cora_store),
             "--metrics-out", str(tmp_path / "m.json")]
