@@ -10,12 +10,16 @@ from graphstore.errors import (
     ConfigError,
     CorruptStoreError,
     GraphStoreError,
+    ReadOnlyStoreError,
     SourceError,
     SourceNotFoundError,
     StoreError,
     StoreExistsError,
+    StoreLockedError,
     StoreNotFoundError,
     StoreVersionError,
+    StoreWriteError,
+    UnverifiedReadsWarning,
 )
 from graphstore._version import __version__
 from graphstore.layout.base import FORMAT_VERSION, Manifest
@@ -32,16 +36,21 @@ __all__ = [
     "Dataset",
     "GraphStoreError",
     "Manifest",
+    "ReadOnlyStoreError",
     "SourceError",
     "SourceNotFoundError",
     "Store",
     "StoreError",
     "StoreExistsError",
+    "StoreLockedError",
     "StoreNotFoundError",
     "StoreVersionError",
+    "StoreWriteError",
+    "UnverifiedReadsWarning",
     "__version__",
     "convert",
     "open",
+    "upgrade",
     "verify",
 ]
 
@@ -55,6 +64,16 @@ def convert(source, out, **options):
     from graphstore.layout._convert import convert as _convert
 
     return _convert(source, out, ConvertOptions(**options))
+
+
+def upgrade(path):
+    """Add segment checksums to a store written before them (see ``graphstore upgrade``).
+
+    Returns the array name -> segment kind mapping written. Takes the store's writer lock.
+    """
+    from graphstore.layout._upgrade import upgrade_store
+
+    return upgrade_store(path)
 
 
 def verify(path):

@@ -1,4 +1,4 @@
-"""The ``graphstore`` command: ``convert``, ``info``, ``verify``, ``plan``.
+"""The ``graphstore`` command: ``convert``, ``info``, ``verify``, ``upgrade``, ``plan``.
 
 Exit codes: 0 success, 1 a known error (one line on stderr, no traceback), 2 bad usage.
 """
@@ -91,6 +91,12 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="re-read a store and check checksums and invariants")
     v.add_argument("store")
 
+    u = sub.add_parser("upgrade", help="add segment checksums to a store written before them",
+                       description="Add the per-bucket and per-partition checksums that let every "
+                                   "training read be verified to a store written before they existed "
+                                   "(takes the store's writer lock; readers may keep it open).")
+    u.add_argument("store")
+
     pl = sub.add_parser("plan", help="show a buffer policy's plan for one epoch",
                         description="Print the buffer states of one epoch and what each trains, "
                                     "so you can see what an epoch will read before training.")
@@ -171,6 +177,11 @@ def _run_info(args: argparse.Namespace) -> int:
     print(f"  tasks {', '.join(s['tasks']) or '-'}; splits "
           + (", ".join(f"{k} {v:,}" for k, v in s['splits'].items()) or "none"))
     print(f"  source {s['source']['format']} {s['source']['path']}")
+    if s["segment_checksums"]:
+        print("  checksums: every chunk, edge bucket and node partition (every read is verified)")
+    else:
+        print("  checksums: whole chunks only; reads of single buckets and partitions are NOT verified "
+              f"(run `graphstore upgrade {s['path']}`)")
     print(f"  {s['bytes_on_disk'] / 2**20:,.1f} MiB on disk:")
     for name, a in s["arrays"].items():
         print(f"    {name:32s} {str(tuple(a['shape'])):22s} {a['dtype']:8s} {a['bytes_on_disk'] / 2**20:10,.2f} MiB")
@@ -184,6 +195,20 @@ def _run_verify(args: argparse.Namespace) -> int:
     result = verify_store(args.store)
     print(f"{args.store}: OK ({result['arrays']} arrays, {result['num_nodes']:,} nodes, "
           f"{result['num_edges']:,} edges checked in {time.perf_counter() - start:.1f} s)")
+    if not result["segment_checksums"]:
+        print(f"{args.store}: no segment checksums: training reads of single buckets and partitions are "
+              f"not verified (run `graphstore upgrade {args.store}`)")
+    return 0
+
+
+def _run_upgrade(args: argparse.Namespace) -> int:
+    from graphstore.layout._upgrade import upgrade_store
+
+    start = time.perf_counter()
+    result = upgrade_store(args.store)
+    verb = "rebuilt" if result["had_checksums"] else "added"
+    print(f"{args.store}: {verb} segment checksums for {len(result['arrays'])} arrays "
+          f"in {time.perf_counter() - start:.1f} s; every read is now verified")
     return 0
 
 
@@ -229,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
-    handlers = {"convert": _run_convert, "info": _run_info, "verify": _run_verify, "plan": _run_plan}
+    handlers = {"convert": _run_convert, "info": _run_info, "verify": _run_verify, "upgrade": _run_upgrade,
+                "plan": _run_plan}
     try:
         return handlers[args.command](args)
     except GraphStoreError as exc:

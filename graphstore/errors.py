@@ -9,10 +9,15 @@ Python programmer would catch for it, so ``except FileNotFoundError`` keeps work
     ├── StoreError(ValueError)             a store that cannot be opened as format v1
     │   ├── StoreNotFoundError(FileNotFoundError)    no store at the path
     │   ├── StoreExistsError(FileExistsError)        output exists and --overwrite not given
-    │   └── StoreVersionError                        unknown format_version
-    ├── CorruptStoreError(ValueError)      `verify` found a broken array or chunk
+    │   ├── StoreVersionError                        unknown format_version
+    │   ├── StoreLockedError(BlockingIOError)        a second writer, or replacing an open store
+    │   ├── ReadOnlyStoreError(PermissionError)      a write to a store opened with mode "r"
+    │   └── StoreWriteError(OSError)                 a write failed (disk full); nothing was lost
+    ├── CorruptStoreError(ValueError)      a checksum or invariant failed on a read or in `verify`
     ├── ConfigError(ValueError)            an option value that cannot work (p > N, ...)
     └── BufferClosedError(RuntimeError)    a closed or already iterated buffer was used
+
+    UnverifiedReadsWarning(UserWarning)    a store without segment checksums was opened
 
 The command line prints ``str(error)`` on one line and exits 1 for any of these.
 """
@@ -24,12 +29,16 @@ __all__ = [
     "ConfigError",
     "CorruptStoreError",
     "GraphStoreError",
+    "ReadOnlyStoreError",
     "SourceError",
     "SourceNotFoundError",
     "StoreError",
     "StoreExistsError",
+    "StoreLockedError",
     "StoreNotFoundError",
     "StoreVersionError",
+    "StoreWriteError",
+    "UnverifiedReadsWarning",
 ]
 
 
@@ -62,6 +71,22 @@ class StoreVersionError(StoreError):
     """The store's ``format_version`` is not one this graphstore reads."""
 
 
+class StoreLockedError(StoreError, BlockingIOError):
+    """The store is locked against this opener: another process writes to it, or has it
+    open while it would be replaced. The message names the path and, where the kernel
+    says, the holder's pid. Locks die with their process: nothing stale to clean up."""
+
+
+class ReadOnlyStoreError(StoreError, PermissionError):
+    """A write (embeddings, checksums) to a store opened with mode ``"r"``."""
+
+
+class StoreWriteError(StoreError, OSError):
+    """Writing to a store failed (a full disk, most often). The message names the path and
+    what was kept: a conversion leaves nothing behind, a failed embedding write-back keeps
+    the partition in memory, marked dirty."""
+
+
 class CorruptStoreError(GraphStoreError, ValueError):
     """A checksum or an invariant failed; the message names the array and chunk."""
 
@@ -72,3 +97,8 @@ class ConfigError(GraphStoreError, ValueError):
 
 class BufferClosedError(GraphStoreError, RuntimeError):
     """The `BufferManager` was closed, or its single pass over the states was already taken."""
+
+
+class UnverifiedReadsWarning(UserWarning):
+    """A store written before segment checksums: its reads of single edge buckets and
+    partitions are not verified until ``graphstore upgrade`` adds them (once per store)."""

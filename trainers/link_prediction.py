@@ -58,6 +58,7 @@ graphs whose N x d floats fit in memory (WN18RR, ogbl-ddi). Then:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 import time
@@ -356,10 +357,13 @@ class Trainer:
         common.seed_everything(common.epoch_seed(self.args.seed, epoch, salt=11))  # dropout replays on resume
         total, count = 0.0, 0
         loader = self.loader
-        for batch in common.progress(loader.epoch(epoch), desc=f"epoch {epoch}", total=loader.num_batches(epoch)):
-            n = batch.src.numel()
-            total += self.step(batch) * n
-            count += n
+        # closing(): a failed step closes the epoch at once, so the buffer writes back every
+        # dirty partition before the error leaves the trainer (and the store is closed).
+        with contextlib.closing(loader.epoch(epoch)) as batches:
+            for batch in common.progress(batches, desc=f"epoch {epoch}", total=loader.num_batches(epoch)):
+                n = batch.src.numel()
+                total += self.step(batch) * n
+                count += n
         if count == 0:
             raise ConfigError(f"{self.store.path}: the store has no training edges")
         return total / count, count
@@ -369,9 +373,9 @@ class Trainer:
     def _full_blocks(self) -> tuple[list[Block], torch.Tensor | None]:
         """Every store edge as one full-graph block per layer (in-edges, sorted by destination)."""
         if self._full_graph is None:
-            src = torch.from_numpy(self.store.array("edges/src")[...].astype(np.int64))
-            dst = torch.from_numpy(self.store.array("edges/dst")[...].astype(np.int64))
-            rel = (torch.from_numpy(self.store.array("edges/rel")[...].astype(np.int64))
+            src = torch.from_numpy(self.store.read_rows("edges/src", 0, self.store.num_edges).astype(np.int64))
+            dst = torch.from_numpy(self.store.read_rows("edges/dst", 0, self.store.num_edges).astype(np.int64))
+            rel = (torch.from_numpy(self.store.read_rows("edges/rel", 0, self.store.num_edges).astype(np.int64))
                    if self.store.manifest.has_relations else None)
             order = torch.argsort(dst, stable=True)
             n = self.store.num_nodes
@@ -405,9 +409,9 @@ class Trainer:
             dsts.append(split.dst)
             rels.append(split.rel if split.rel is not None else np.zeros(len(split.src), np.int64))
         if "train" not in self.store.split_names:  # training edges are the store's edges
-            srcs.append(self.store.array("edges/src")[...])
-            dsts.append(self.store.array("edges/dst")[...])
-            rels.append(self.store.array("edges/rel")[...] if self.store.manifest.has_relations
+            srcs.append(self.store.read_rows("edges/src", 0, self.store.num_edges))
+            dsts.append(self.store.read_rows("edges/dst", 0, self.store.num_edges))
+            rels.append(self.store.read_rows("edges/rel", 0, self.store.num_edges) if self.store.manifest.has_relations
                         else np.zeros(self.store.num_edges, np.int64))
         s, d, r = (torch.from_numpy(np.concatenate(a).astype(np.int64)) for a in (srcs, dsts, rels))
         if not self.store.directed:
@@ -516,82 +520,88 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.configure_logging(args.verbose)
     device = common.resolve_device(args.device)
     store = graphstore.open(args.store)
-    config = resolve_config(args, store)
-    if config["learnable_embeddings"] and store.mode != "r+":
-        store = graphstore.open(args.store, mode="r+")  # the embeddings are written back into it
-    ckpt = common.Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None
-    state = None
-    if args.resume:
-        path = ckpt.latest()
-        state = ckpt.load(path)
-        common.check_resume_config(state["config"], {k: v for k, v in config.items() if k != "loader"}, path)
-        if config["learnable_embeddings"]:
-            common.restore_directory(path / "embeddings", Path(store.path) / EMBEDDINGS_ARRAY)
-    trainer = Trainer(args, config, store, device)
-    config["loader"] = trainer.loader.settings
-    s = trainer.loader.settings
-    print(f"{PROG}: {store}")
-    logical = f", logical partitions {s['num_logical_partitions']}" if "num_logical_partitions" in s else ""
-    inputs = "learnable embeddings" if trainer.use_embeddings else "features"
-    print(f"scheme {s['scheme']}: policy {s['policy']}, {s['capacity']} of {s['num_partitions']} partitions "
-          f"resident{logical}; {inputs} d={args.embedding_dim}, encoder {args.encoder}, "
-          f"decoder {args.model}; negatives {args.negatives} x {args.num_chunks} chunks "
-          f"(degree fraction {args.degree_fraction:g}); "
-          f"eval {config['eval']} ({config['eval_corrupt']})", flush=True)
+    try:  # the store's locks are released when the run ends, however it ends
+        config = resolve_config(args, store)
+        if config["learnable_embeddings"] and store.mode != "r+":
+            # The embeddings are written back into the store: take its writer lock (a second
+            # trainer writing to the same store is refused at once).
+            store.close()
+            store = graphstore.open(args.store, mode="r+")
+        ckpt = common.Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None
+        state = None
+        if args.resume:
+            path = ckpt.latest()
+            state = ckpt.load(path)
+            common.check_resume_config(state["config"], {k: v for k, v in config.items() if k != "loader"}, path)
+            if config["learnable_embeddings"]:
+                common.restore_directory(path / "embeddings", Path(store.path) / EMBEDDINGS_ARRAY)
+        trainer = Trainer(args, config, store, device)
+        config["loader"] = trainer.loader.settings
+        s = trainer.loader.settings
+        print(f"{PROG}: {store}")
+        logical = f", logical partitions {s['num_logical_partitions']}" if "num_logical_partitions" in s else ""
+        inputs = "learnable embeddings" if trainer.use_embeddings else "features"
+        print(f"scheme {s['scheme']}: policy {s['policy']}, {s['capacity']} of {s['num_partitions']} partitions "
+              f"resident{logical}; {inputs} d={args.embedding_dim}, encoder {args.encoder}, "
+              f"decoder {args.model}; negatives {args.negatives} x {args.num_chunks} chunks "
+              f"(degree fraction {args.degree_fraction:g}); "
+              f"eval {config['eval']} ({config['eval_corrupt']})", flush=True)
 
-    metrics = common.MetricsWriter(args.metrics_out, task="link_prediction", config=config)
-    start_epoch, history, resumed_from = 0, [], None
-    if state is not None:
-        trainer.model.load_state_dict(state["model"])
-        trainer.optimizer.load_state_dict(state["optimizer"])
-        if trainer.embedding_adam is not None:
-            trainer.embedding_adam = state["embedding_adam"]
-        common.set_rng_state(state["rng"])
-        start_epoch, history, resumed_from = state["epoch"] + 1, state["history"], state["epoch"]
-        print(f"resumed from {ckpt.latest()} (epoch {state['epoch']} done)", flush=True)
+        metrics = common.MetricsWriter(args.metrics_out, task="link_prediction", config=config)
+        start_epoch, history, resumed_from = 0, [], None
+        if state is not None:
+            trainer.model.load_state_dict(state["model"])
+            trainer.optimizer.load_state_dict(state["optimizer"])
+            if trainer.embedding_adam is not None:
+                trainer.embedding_adam = state["embedding_adam"]
+            common.set_rng_state(state["rng"])
+            start_epoch, history, resumed_from = state["epoch"] + 1, state["history"], state["epoch"]
+            print(f"resumed from {ckpt.latest()} (epoch {state['epoch']} done)", flush=True)
 
-    key = "hits@20" if config["eval"] == "ogb" else "mrr"
-    evaluated = [h for h in history if h["valid"]]
-    best = max(evaluated, key=lambda h: h["valid"][key], default=None)
-    for epoch in range(start_epoch, args.epochs):
-        t0 = time.perf_counter()
-        loss, n = trainer.train_epoch(epoch)
-        common.finite_or_raise(loss, epoch)
-        t1 = time.perf_counter()
-        valid = test = None
-        if (epoch + 1) % args.eval_every == 0 or epoch == args.epochs - 1:
-            reps = trainer.representations()
-            valid, test = trainer.evaluate(reps, "valid"), trainer.evaluate(reps, "test")
-        t2 = time.perf_counter()
-        io = common.io_stats([trainer.loader.last_stats])
-        record = {"epoch": epoch, "train_loss": loss, "train_edges": n, "valid": valid, "test": test,
-                  "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io}
-        history.append(record)
-        if valid is not None and (best is None or valid[key] > best["valid"][key]):
-            best = record
-        print(f"epoch {epoch + 1}/{args.epochs}  loss {loss:.4f}  valid {_summary(valid)}  "
-              f"test {_summary(test)}  {t1 - t0:.2f} s (+{t2 - t1:.2f} s eval)  "
-              f"read {common.mib(io['bytes_read'])}  "
-              f"written {common.mib(io['bytes_written'])}  stall {io['stall_s']:.2f} s", flush=True)
-        if ckpt is not None:
-            # The embeddings live in the store: a copy goes with the checkpoint (written back
-            # by the buffer at the epoch's end, so the copy is the epoch's final state).
-            snapshots = ({"embeddings": Path(store.path) / EMBEDDINGS_ARRAY} if trainer.use_embeddings
-                         else None)
-            saved_config = {k: v for k, v in config.items() if k != "loader"}
-            ckpt.save(epoch, {"epoch": epoch, "model": trainer.model.state_dict(),
-                              "optimizer": trainer.optimizer.state_dict(),
-                              "embedding_adam": trainer.embedding_adam, "rng": common.rng_state(),
-                              "history": history, "config": saved_config}, snapshots=snapshots)
-        last_eval = next((h for h in reversed(history) if h["valid"]), None)
-        metrics.write(epochs=history, resumed_from=resumed_from, final=_pick(last_eval), best=_pick(best))
-    if not history:
-        raise ConfigError(f"nothing to train: --epochs {args.epochs} and the checkpoint is at epoch "
-                          f"{start_epoch}")
-    last = history[-1]
-    print(f"final: valid {_summary(last['valid'])}  test {_summary(last['test'])}  "
-          f"peak memory {common.mib(common.peak_memory_bytes())}", flush=True)
-    return 0
+        key = "hits@20" if config["eval"] == "ogb" else "mrr"
+        evaluated = [h for h in history if h["valid"]]
+        best = max(evaluated, key=lambda h: h["valid"][key], default=None)
+        for epoch in range(start_epoch, args.epochs):
+            t0 = time.perf_counter()
+            loss, n = trainer.train_epoch(epoch)
+            common.finite_or_raise(loss, epoch)
+            t1 = time.perf_counter()
+            valid = test = None
+            if (epoch + 1) % args.eval_every == 0 or epoch == args.epochs - 1:
+                reps = trainer.representations()
+                valid, test = trainer.evaluate(reps, "valid"), trainer.evaluate(reps, "test")
+            t2 = time.perf_counter()
+            io = common.io_stats([trainer.loader.last_stats])
+            record = {"epoch": epoch, "train_loss": loss, "train_edges": n, "valid": valid, "test": test,
+                      "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io}
+            history.append(record)
+            if valid is not None and (best is None or valid[key] > best["valid"][key]):
+                best = record
+            print(f"epoch {epoch + 1}/{args.epochs}  loss {loss:.4f}  valid {_summary(valid)}  "
+                  f"test {_summary(test)}  {t1 - t0:.2f} s (+{t2 - t1:.2f} s eval)  "
+                  f"read {common.mib(io['bytes_read'])}  "
+                  f"written {common.mib(io['bytes_written'])}  stall {io['stall_s']:.2f} s", flush=True)
+            if ckpt is not None:
+                # The embeddings live in the store: a copy goes with the checkpoint (written back
+                # by the buffer at the epoch's end, so the copy is the epoch's final state).
+                snapshots = ({"embeddings": Path(store.path) / EMBEDDINGS_ARRAY} if trainer.use_embeddings
+                             else None)
+                saved_config = {k: v for k, v in config.items() if k != "loader"}
+                ckpt.save(epoch, {"epoch": epoch, "model": trainer.model.state_dict(),
+                                  "optimizer": trainer.optimizer.state_dict(),
+                                  "embedding_adam": trainer.embedding_adam, "rng": common.rng_state(),
+                                  "history": history, "config": saved_config}, snapshots=snapshots)
+            last_eval = next((h for h in reversed(history) if h["valid"]), None)
+            metrics.write(epochs=history, resumed_from=resumed_from, final=_pick(last_eval), best=_pick(best))
+        if not history:
+            raise ConfigError(f"nothing to train: --epochs {args.epochs} and the checkpoint is at epoch "
+                              f"{start_epoch}")
+        last = history[-1]
+        print(f"final: valid {_summary(last['valid'])}  test {_summary(last['test'])}  "
+              f"peak memory {common.mib(common.peak_memory_bytes())}", flush=True)
+        return 0
+    finally:
+        store.close()
 
 
 if __name__ == "__main__":

@@ -263,82 +263,85 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.configure_logging(args.verbose)
     device = common.resolve_device(args.device)
     store = graphstore.open(args.store)
-    if not store.manifest.has_features or not store.manifest.has_labels:
-        raise ConfigError(f"{args.store}: node classification needs features and labels "
-                          f"(features: {store.manifest.has_features}, labels: {store.manifest.has_labels})")
-    config = resolve_config(args, store)
-    loaders = make_loaders(store, args, config)
-    config["loaders"] = {name: loader.settings for name, loader in loaders.items()}
-    s = loaders["train"].settings
-    print(f"{PROG}: {store}")
-    print(f"scheme {s['scheme']}: policy {s['policy']}, {s['capacity']} of {s['num_partitions']} partitions "
-          f"resident, static cache {s['static_cache_nodes']} nodes ({s['static_cache_fraction']:g}), "
-          f"reuse {s['reuse']}, fanouts {s['fanouts']}; evaluation: scheme {config['eval_scheme']}, fanouts "
-          f"{config['eval_fanouts']} ({config['eval_fanouts_rule']})", flush=True)
+    try:  # the store's locks are released when the run ends, however it ends
+        if not store.manifest.has_features or not store.manifest.has_labels:
+            raise ConfigError(f"{args.store}: node classification needs features and labels "
+                              f"(features: {store.manifest.has_features}, labels: {store.manifest.has_labels})")
+        config = resolve_config(args, store)
+        loaders = make_loaders(store, args, config)
+        config["loaders"] = {name: loader.settings for name, loader in loaders.items()}
+        s = loaders["train"].settings
+        print(f"{PROG}: {store}")
+        print(f"scheme {s['scheme']}: policy {s['policy']}, {s['capacity']} of {s['num_partitions']} partitions "
+              f"resident, static cache {s['static_cache_nodes']} nodes ({s['static_cache_fraction']:g}), "
+              f"reuse {s['reuse']}, fanouts {s['fanouts']}; evaluation: scheme {config['eval_scheme']}, fanouts "
+              f"{config['eval_fanouts']} ({config['eval_fanouts_rule']})", flush=True)
 
-    common.seed_everything(args.seed)  # model initialisation
-    model = GNN(args.model, in_dim=store.feature_dim, hidden_dim=args.hidden, out_dim=store.num_classes,
-                num_layers=len(args.fanouts), dropout=args.dropout, heads=args.heads).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    metrics = common.MetricsWriter(args.metrics_out, task="node_classification", config=config)
-    ckpt = common.Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None
+        common.seed_everything(args.seed)  # model initialisation
+        model = GNN(args.model, in_dim=store.feature_dim, hidden_dim=args.hidden, out_dim=store.num_classes,
+                    num_layers=len(args.fanouts), dropout=args.dropout, heads=args.heads).to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+        metrics = common.MetricsWriter(args.metrics_out, task="node_classification", config=config)
+        ckpt = common.Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None
 
-    start_epoch, history, resumed_from = 0, [], None
-    if args.resume:
-        path = ckpt.latest()
-        state = ckpt.load(path)
-        common.check_resume_config(state["config"], config, path)
-        if args.lr_schedule != "none" and state["config"].get("epochs") != args.epochs:
-            raise ConfigError(f"{path}: --lr-schedule {args.lr_schedule} depends on --epochs; the checkpoint "
-                              f"has {state['config'].get('epochs')}, resume with the same --epochs")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        common.set_rng_state(state["rng"])
-        start_epoch, history, resumed_from = state["epoch"] + 1, state["history"], state["epoch"]
-        print(f"resumed from {path} (epoch {state['epoch']} done)", flush=True)
+        start_epoch, history, resumed_from = 0, [], None
+        if args.resume:
+            path = ckpt.latest()
+            state = ckpt.load(path)
+            common.check_resume_config(state["config"], config, path)
+            if args.lr_schedule != "none" and state["config"].get("epochs") != args.epochs:
+                raise ConfigError(f"{path}: --lr-schedule {args.lr_schedule} depends on --epochs; the checkpoint "
+                                  f"has {state['config'].get('epochs')}, resume with the same --epochs")
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            common.set_rng_state(state["rng"])
+            start_epoch, history, resumed_from = state["epoch"] + 1, state["history"], state["epoch"]
+            print(f"resumed from {path} (epoch {state['epoch']} done)", flush=True)
 
-    best = max(history, key=lambda h: h["valid"]["acc"], default=None)
-    for epoch in range(start_epoch, args.epochs):
-        t0 = time.perf_counter()
-        micro_stats: dict = {}
-        lr = epoch_lr(args, epoch)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss, n = train_epoch(model, optimizer, loaders["train"], epoch, device, seed=args.seed, args=args,
-                              micro_stats=micro_stats)
-        common.finite_or_raise(loss, epoch)
-        t1 = time.perf_counter()
-        valid = evaluate(model, loaders["valid"], epoch, device, args)
-        test = evaluate(model, loaders["test"], epoch, device, args)
-        t2 = time.perf_counter()
-        io = common.io_stats([loaders["train"].last_stats])
-        record = {"epoch": epoch, "lr": lr, "train_loss": loss, "train_targets": n, "valid": valid, "test": test,
-                  "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io, "micro_batching": micro_stats or None,
-                  "eval_io": common.io_stats([loaders["valid"].last_stats, loaders["test"].last_stats])}
-        history.append(record)
-        if best is None or valid["acc"] > best["valid"]["acc"]:
-            best = record
-        print(f"epoch {epoch + 1}/{args.epochs}  loss {loss:.4f}  valid acc {valid['acc']:.4f}  "
-              f"test acc {test['acc']:.4f}  {t1 - t0:.2f} s (+{t2 - t1:.2f} s eval)  "
-              f"read {common.mib(io['bytes_read'])}  stall {io['stall_s']:.2f} s", flush=True)
-        if ckpt is not None:
-            ckpt.save(epoch, {"epoch": epoch, "model": model.state_dict(),
-                              "optimizer": optimizer.state_dict(), "rng": common.rng_state(),
-                              "history": history, "config": config})
+        best = max(history, key=lambda h: h["valid"]["acc"], default=None)
+        for epoch in range(start_epoch, args.epochs):
+            t0 = time.perf_counter()
+            micro_stats: dict = {}
+            lr = epoch_lr(args, epoch)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss, n = train_epoch(model, optimizer, loaders["train"], epoch, device, seed=args.seed, args=args,
+                                  micro_stats=micro_stats)
+            common.finite_or_raise(loss, epoch)
+            t1 = time.perf_counter()
+            valid = evaluate(model, loaders["valid"], epoch, device, args)
+            test = evaluate(model, loaders["test"], epoch, device, args)
+            t2 = time.perf_counter()
+            io = common.io_stats([loaders["train"].last_stats])
+            record = {"epoch": epoch, "lr": lr, "train_loss": loss, "train_targets": n, "valid": valid, "test": test,
+                      "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io, "micro_batching": micro_stats or None,
+                      "eval_io": common.io_stats([loaders["valid"].last_stats, loaders["test"].last_stats])}
+            history.append(record)
+            if best is None or valid["acc"] > best["valid"]["acc"]:
+                best = record
+            print(f"epoch {epoch + 1}/{args.epochs}  loss {loss:.4f}  valid acc {valid['acc']:.4f}  "
+                  f"test acc {test['acc']:.4f}  {t1 - t0:.2f} s (+{t2 - t1:.2f} s eval)  "
+                  f"read {common.mib(io['bytes_read'])}  stall {io['stall_s']:.2f} s", flush=True)
+            if ckpt is not None:
+                ckpt.save(epoch, {"epoch": epoch, "model": model.state_dict(),
+                                  "optimizer": optimizer.state_dict(), "rng": common.rng_state(),
+                                  "history": history, "config": config})
+            metrics.write(epochs=history, resumed_from=resumed_from,
+                          final={"epoch": epoch, "valid": valid, "test": test},
+                          best={"epoch": best["epoch"], "valid": best["valid"], "test": best["test"]})
+        if not history:
+            raise ConfigError(f"nothing to train: --epochs {args.epochs} and the checkpoint is at epoch "
+                              f"{start_epoch}")
+        last = history[-1]
         metrics.write(epochs=history, resumed_from=resumed_from,
-                      final={"epoch": epoch, "valid": valid, "test": test},
+                      final={"epoch": last["epoch"], "valid": last["valid"], "test": last["test"]},
                       best={"epoch": best["epoch"], "valid": best["valid"], "test": best["test"]})
-    if not history:
-        raise ConfigError(f"nothing to train: --epochs {args.epochs} and the checkpoint is at epoch "
-                          f"{start_epoch}")
-    last = history[-1]
-    metrics.write(epochs=history, resumed_from=resumed_from,
-                  final={"epoch": last["epoch"], "valid": last["valid"], "test": last["test"]},
-                  best={"epoch": best["epoch"], "valid": best["valid"], "test": best["test"]})
-    print(f"final: valid acc {last['valid']['acc']:.4f}  test acc {last['test']['acc']:.4f}  "
-          f"(best valid at epoch {best['epoch'] + 1}: test acc {best['test']['acc']:.4f})  "
-          f"peak memory {common.mib(common.peak_memory_bytes())}", flush=True)
-    return 0
+        print(f"final: valid acc {last['valid']['acc']:.4f}  test acc {last['test']['acc']:.4f}  "
+              f"(best valid at epoch {best['epoch'] + 1}: test acc {best['test']['acc']:.4f})  "
+              f"peak memory {common.mib(common.peak_memory_bytes())}", flush=True)
+        return 0
+    finally:
+        store.close()
 
 
 if __name__ == "__main__":

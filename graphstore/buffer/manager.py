@@ -51,7 +51,7 @@ import numpy as np
 from graphstore.buffer.cache import StaticCache
 from graphstore.buffer.memory import BufferMemory, SlotPlan, assign_slots, slots_needed
 from graphstore.buffer.resident import Bucket, ResidentGraph, assemble_resident_graph, fill_cache_rows
-from graphstore.errors import BufferClosedError, ConfigError
+from graphstore.errors import BufferClosedError, ConfigError, StoreWriteError
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
 
@@ -701,12 +701,39 @@ class BufferManager:
 
 
 def _shutdown(handoff: _Handoff, loader: _Loader) -> None:
-    """Join the loader, then write back what is dirty (the consumer's last updates too)."""
+    """Join the loader, then write back what is dirty (the consumer's last updates too).
+
+    Every dirty slot is tried even when one write fails (a full disk, a bad sector): the
+    others' updates must not be lost to it. A failed slot stays dirty, so a later close
+    (or the next epoch) tries it again; the first failure is raised, with the count.
+    """
     try:
         try:
             handoff.close()
         finally:  # even after a loader error: the consumer's updates must not be lost
+            failures: list[tuple[int, BaseException]] = []
             for z in range(loader.memory.num_slots):
-                loader.write_back(z)
+                try:
+                    loader.write_back(z)
+                except Exception as exc:  # noqa: BLE001 - try the other slots, then report
+                    failures.append((int(loader.memory.holder[z]), exc))
+            if failures:
+                raise _write_back_error(loader, failures)
     finally:
         loader.memory.in_use = False
+
+
+def _write_back_error(loader: _Loader, failures: list[tuple[int, BaseException]]) -> BaseException:
+    """The first write-back failure, its message saying how many partitions failed and
+    that they are still held (dirty) in memory."""
+    k, first = failures[0]
+    parts = [p for p, _ in failures]
+    note = (f"writing back embeddings failed for {len(failures)} partition(s) {parts}; "
+            "they stay in memory, marked dirty")
+    if isinstance(first, OSError) and not isinstance(first, StoreWriteError):
+        where = first.filename or (loader.table.path if loader.table is not None else loader.store.path)
+        error = StoreWriteError(f"{where}: {first.strerror or first}; {note}")
+        error.__cause__ = first
+        return error
+    first.add_note(note)
+    return first

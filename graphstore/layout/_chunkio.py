@@ -21,11 +21,18 @@ checked for every array by `ArrayLayout.of`)::
 Any other array (zstd-compressed, sharded, transposed, chunked on a second axis) gets an
 `ArrayLayout` with ``fast=False`` and is read through zarr instead, by the same calls.
 
-Checksums: a read that covers every row a chunk holds reads the whole chunk file (padding
-and trailer included) and verifies its crc32c. A read of part of a chunk (an edge bucket
-inside a 4 MiB edge chunk) reads only the bytes it needs and is **not** checksummed: the
-checksum covers the whole chunk, and reading it all is what made small requests slow.
-`graphstore verify` still checks every chunk.
+Checksums: every byte a read delivers is verified. A read that covers every row a chunk
+holds reads the whole chunk file (padding and trailer included) and verifies its crc32c.
+A read of part of a chunk (an edge bucket inside a 4 MiB edge chunk, one partition's
+labels in a chunk of several partitions) is checked against the array's `SegmentTable`
+when it has one: the crc32c of every edge bucket or node partition, written at conversion
+(`graphstore.layout._segments`). Such a read reads exactly its bytes, and once they are in,
+the segments they cover are checksummed by the worker that read the last piece. A part of
+a chunk that no segment covers exactly (a range cut inside a bucket, or an array without a
+table) is read as the whole chunk into scratch, verified, and copied out: slower, never
+unchecked. Stores written before segment checksums existed set
+``ArrayLayout.verify_partial=False``: their partial reads stay exact and unverified (the
+store warns once and ``graphstore upgrade`` adds the tables).
 
 Direct IO: with ``direct=True`` a whole-chunk read whose destination is 4096-byte aligned
 (see `aligned_empty`) and whose chunk size is a multiple of 4096 bytes uses ``O_DIRECT``:
@@ -63,7 +70,7 @@ import zarr.codecs
 
 from graphstore.errors import CorruptStoreError
 
-__all__ = ["ALIGN", "ArrayLayout", "ChunkReader", "ReadStats", "aligned_empty", "shared_reader"]
+__all__ = ["ALIGN", "ArrayLayout", "ChunkReader", "ReadStats", "SegmentTable", "aligned_empty", "shared_reader"]
 
 ALIGN = 4096
 """Alignment of file offsets, lengths and memory addresses for ``O_DIRECT`` reads."""
@@ -103,6 +110,53 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: str | np.dtype, *, align:
     return raw[skip : skip + nbytes].view(dtype).reshape(shape)
 
 
+# ---------------------------------------------------------------------- segments
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SegmentTable:
+    """crc32c checksums of consecutive row ranges of one array (edge buckets, partitions).
+
+    A chunk's checksum covers the whole chunk, so a read of part of it cannot use it; these
+    cover the pieces the training path reads on their own. Segment ``s`` is rows
+    ``[bounds[s], bounds[s + 1])``; empty segments are allowed (an empty bucket).
+
+    Examples
+    --------
+    >>> import numpy as np, crc32c
+    >>> rows = np.arange(6, dtype="<i4")
+    >>> bounds = np.array([0, 2, 2, 6])
+    >>> crcs = np.array([crc32c.crc32c(rows[a:b].tobytes()) for a, b in zip(bounds, bounds[1:])], np.uint32)
+    >>> table = SegmentTable(bounds, crcs, kind="partitions", num_partitions=3)
+    >>> table.overlapping(3, 5), table.describe(2)
+    ((2, 3), 'partition 2')
+    """
+
+    bounds: np.ndarray
+    """[S+1] int64 row boundaries, ascending, from 0 to the array's length."""
+    crcs: np.ndarray
+    """[S] uint32 crc32c of each segment's raw little-endian bytes (0 when empty)."""
+    kind: str
+    """``"buckets"`` (segment ``b = j * p + i``: edges from partition i into j) or
+    ``"partitions"`` (segment k: the rows of partition k)."""
+    num_partitions: int
+    """p, to name a bucket by its two partitions."""
+
+    def overlapping(self, lo: int, hi: int) -> tuple[int, int]:
+        """Indices ``[s0, s1)`` of the segments that hold rows of ``[lo, hi)`` (``lo < hi``);
+        their union is rows ``[bounds[s0], bounds[s1])``."""
+        s0 = int(np.searchsorted(self.bounds, lo, side="right")) - 1
+        s1 = int(np.searchsorted(self.bounds, hi, side="left"))
+        return s0, s1
+
+    def describe(self, s: int) -> str:
+        """``"bucket (src partition 3, dst partition 5)"`` or ``"partition 7"``."""
+        if self.kind == "buckets":
+            p = self.num_partitions
+            return f"bucket (src partition {s % p}, dst partition {s // p})"
+        return f"partition {s}"
+
+
 # ---------------------------------------------------------------------- layout
 
 
@@ -136,6 +190,11 @@ class ArrayLayout:
     """The chunk key up to the chunk index: ``"c/"`` or ``"c."``, by the key separator."""
     key_suffix: str = ""
     """The chunk key after the index: ``"/0"`` per further axis (``".0"`` with ``"."``)."""
+    segments: SegmentTable | None = None
+    """Checksums of the row ranges read on their own (see `SegmentTable`); None: none."""
+    verify_partial: bool = True
+    """False: a read of part of a chunk is exact and unverified (stores written before
+    segment checksums). True: it is verified by `segments`, or read as the whole chunk."""
 
     @classmethod
     def of(cls, array: zarr.Array, *, path: str | os.PathLike | None = None,
@@ -201,6 +260,12 @@ class ArrayLayout:
     def _where(self, index: int) -> str:
         return f"{self.where}: {self.name} chunk {self.chunk_key(index)[2:]}"
 
+    def _chunk_span(self, lo: int, hi: int) -> str:
+        """The chunk file(s) holding rows ``[lo, hi)``, for error messages."""
+        first, last = lo // self.chunk_rows, max(lo, hi - 1) // self.chunk_rows
+        files = self.chunk_key(first) if first == last else f"{self.chunk_key(first)} .. {self.chunk_key(last)}"
+        return f"chunk file {files}" if first == last else f"chunk files {files}"
+
 
 def _unsupported(array: zarr.Array, directory: Path | None, shape: tuple[int, ...],
                  dtype: np.dtype) -> str | None:
@@ -255,7 +320,13 @@ class ReadStats:
     chunks_verified: int = 0
     """Whole chunks read and crc32c-checked."""
     partial_reads: int = 0
-    """Reads of part of a chunk (not checksummed)."""
+    """Reads of exactly part of a chunk (verified by segments, unless ``unverified_reads``)."""
+    segments_verified: int = 0
+    """Non-empty segments (buckets, partitions) checked against their `SegmentTable`."""
+    chunks_expanded: int = 0
+    """Parts of chunks no segment covers, read as the whole chunk to verify it."""
+    unverified_reads: int = 0
+    """Reads of part of a chunk with nothing to check them (``verify_partial=False``)."""
     direct_bytes: int = 0
     """Part of ``bytes_read`` read with ``O_DIRECT``."""
     fallback_requests: int = 0
@@ -297,6 +368,21 @@ class _ChunkJob:
     """A partial read: the file offset after the last byte asked for."""
     pending: int = 0
     """Pieces not yet read; the worker that reads the last one verifies the checksum."""
+    request: _Request | None = None
+    """The request this job reads for, when it has segments to verify."""
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    """One ``(array, lo, hi, out)`` request whose partial chunk reads its segments verify."""
+
+    layout: ArrayLayout
+    lo: int
+    out: np.ndarray
+    segments: set[int] = field(default_factory=set)
+    """Indices into ``layout.segments`` to check once every job of the request is read."""
+    pending: int = 0
+    """Jobs of the request not yet fully read; the worker finishing the last one checks."""
 
 
 def _address(view: memoryview) -> int:
@@ -345,8 +431,8 @@ class ChunkReader:
     >>> with ChunkReader(threads=2) as reader:
     ...     out = np.empty((5, 2), dtype=np.int32)
     ...     stats = reader.read_rows(arr, 3, 8, out)
-    >>> out[:, 0].tolist(), stats.chunks_verified, stats.partial_reads
-    ([6, 8, 10, 12, 14], 1, 1)
+    >>> out[:, 0].tolist(), stats.chunks_verified, stats.chunks_expanded  # rows 4-7: chunk 1, whole
+    ([6, 8, 10, 12, 14], 2, 1)
     >>> tmp.cleanup()
     """
 
@@ -440,7 +526,14 @@ class ChunkReader:
             if not layout.fast:
                 fallbacks.append((layout, lo, hi, out))
                 continue
-            jobs.extend(self._plan(layout, lo, hi, out))
+            planned, request = self._plan(layout, lo, hi, out)
+            if request is not None:
+                request.pending = len(planned)
+                for job in planned:
+                    job.request = request
+                stats.segments_verified += sum(
+                    int(layout.segments.bounds[s + 1] > layout.segments.bounds[s]) for s in request.segments)
+            jobs.extend(planned)
         pieces = [piece for job in jobs for piece in self._pieces(job)]
         futures: list[Future] = []
         try:
@@ -471,6 +564,8 @@ class ChunkReader:
             stats.chunks_verified += verified
         stats.file_reads += len(pieces)
         stats.partial_reads += sum(not job.whole for job in jobs)
+        stats.chunks_expanded += sum(job.whole and job.copy is not None for job in jobs)
+        stats.unverified_reads += sum(not job.whole and not job.layout.verify_partial for job in jobs)
         stats.seconds = time.perf_counter() - t0
         return stats
 
@@ -495,16 +590,29 @@ class ChunkReader:
 
     # ------------------------------------------------------------------ planning
 
-    def _plan(self, layout: ArrayLayout, lo: int, hi: int, out: np.ndarray) -> list[_ChunkJob]:
-        """One job per chunk the range touches (a per-chunk loop, never per row)."""
+    def _plan(self, layout: ArrayLayout, lo: int, hi: int,
+              out: np.ndarray) -> tuple[list[_ChunkJob], _Request | None]:
+        """One job per chunk the range touches (a per-chunk loop, never per row), and the
+        request's segment checks (None when no job needs one)."""
         R, rb, n = layout.chunk_rows, layout.row_bytes, layout.shape[0]
         dest = memoryview(out.reshape(-1)).cast("B")
         jobs = []
+        request: _Request | None = None
         for index in range(lo // R, (hi - 1) // R + 1):
             c0 = index * R
             a, b = max(lo, c0), min(hi, c0 + R)
             rows = dest[(a - lo) * rb : (b - lo) * rb]
-            if not (a == c0 and b == min(c0 + R, n)):
+            whole_chunk = a == c0 and b == min(c0 + R, n)
+            if not whole_chunk:
+                covered = self._covering_segments(layout, a, b, lo, hi)
+                if covered is None and layout.checksum and layout.verify_partial:
+                    # Nothing checks these rows on their own: read (and verify) the chunk.
+                    jobs.append(self._whole_job(layout, index, scratch_for=rows, skip=(a - c0) * rb))
+                    continue
+                if covered is not None:
+                    if request is None:
+                        request = _Request(layout, lo, out)
+                    request.segments.update(range(*covered))
                 off, end = (a - c0) * rb, (b - c0) * rb
                 if not self.partial_direct:
                     jobs.append(_ChunkJob(layout, index, [(off, rows)], whole=False, need_end=end))
@@ -514,24 +622,46 @@ class ChunkReader:
                 jobs.append(_ChunkJob(layout, index, [(f0, scratch)], whole=False, direct=True,
                                       copy=(rows, scratch[off - f0 : end - f0]), need_end=end))
                 continue
-            # Every row the chunk holds: read it all (the last chunk's padding into
-            # scratch) and verify the checksum.
+            jobs.append(self._whole_job(layout, index, rows=rows, valid=(b - a) * rb))
+        return jobs, request
+
+    @staticmethod
+    def _covering_segments(layout: ArrayLayout, a: int, b: int, lo: int, hi: int) -> tuple[int, int] | None:
+        """The segments holding rows ``[a, b)`` when they all lie inside the request
+        ``[lo, hi)`` (so the request delivers every byte they cover); else None."""
+        table = layout.segments
+        if table is None:
+            return None
+        s0, s1 = table.overlapping(a, b)
+        if table.bounds[s0] < lo or table.bounds[s1] > hi:
+            return None
+        return s0, s1
+
+    def _whole_job(self, layout: ArrayLayout, index: int, *, rows: memoryview | None = None,
+                   valid: int = 0, scratch_for: memoryview | None = None, skip: int = 0) -> _ChunkJob:
+        """A read of every byte of chunk ``index`` with its checksum: into ``rows`` (its
+        first ``valid`` bytes; the rest is padding read into scratch), or, for rows that
+        are only part of the chunk, into a scratch chunk whose bytes ``[skip, skip +
+        len(scratch_for))`` are copied to ``scratch_for`` once verified."""
+        if scratch_for is not None:
+            whole = memoryview(aligned_empty(layout.chunk_bytes, np.uint8))
+            job = _ChunkJob(layout, index, [(0, whole)], whole=True, data_views=[whole],
+                            copy=(scratch_for, whole[skip : skip + len(scratch_for)]))
+        else:
             job = _ChunkJob(layout, index, [(0, rows)], whole=True, data_views=[rows])
-            valid = (b - a) * rb
             if valid < layout.chunk_bytes:
                 pad = memoryview(aligned_empty(layout.chunk_bytes - valid, np.uint8))
                 job.segments.append((valid, pad))
                 job.data_views.append(pad)
-            job.direct = self.direct and all(
-                off % ALIGN == 0 and len(view) % ALIGN == 0 and _address(view) % ALIGN == 0
-                for off, view in job.segments
-            )
-            if layout.checksum:
-                # O_DIRECT reads whole blocks: the trailer gets one (the file ends 4 bytes in).
-                job.trailer = memoryview(aligned_empty(ALIGN if job.direct else TRAILER_BYTES, np.uint8))
-                job.segments.append((layout.chunk_bytes, job.trailer))
-            jobs.append(job)
-        return jobs
+        job.direct = self.direct and all(
+            off % ALIGN == 0 and len(view) % ALIGN == 0 and _address(view) % ALIGN == 0
+            for off, view in job.segments
+        )
+        if layout.checksum:
+            # O_DIRECT reads whole blocks: the trailer gets one (the file ends 4 bytes in).
+            job.trailer = memoryview(aligned_empty(ALIGN if job.direct else TRAILER_BYTES, np.uint8))
+            job.segments.append((layout.chunk_bytes, job.trailer))
+        return job
 
     def _pieces(self, job: _ChunkJob) -> list[tuple[_ChunkJob, int, list[memoryview], int]]:
         """Cut a job's file range into reads of about ``piece_bytes`` (up to one block more).
@@ -575,9 +705,6 @@ class ChunkReader:
             job.pending -= 1
             last = job.pending == 0
         verified = 0
-        if last and job.copy is not None:
-            dest, source = job.copy
-            dest[:] = source
         if last and job.trailer is not None:
             crc = 0
             for view in job.data_views:
@@ -589,6 +716,16 @@ class ChunkReader:
                     f"(stored {stored:#010x}, computed {crc:#010x})"
                 )
             verified = 1
+        if last and job.copy is not None:
+            dest, source = job.copy
+            dest[:] = source
+        request = job.request
+        if last and request is not None:
+            with self._lock:
+                request.pending -= 1
+                done = request.pending == 0
+            if done:  # every byte of the request is in: check its segments
+                _check_segments(request)
         return got, got if direct else 0, verified
 
     def _pread(self, job: _ChunkJob, views: list[memoryview], offset: int) -> tuple[int, bool]:
@@ -636,6 +773,25 @@ class ChunkReader:
             return total, direct
         finally:
             os.close(fd)
+
+
+def _check_segments(request: _Request) -> None:
+    """Compare each segment's crc32c with its table (the rows are in ``request.out``)."""
+    layout, table = request.layout, request.layout.segments
+    data = memoryview(request.out.reshape(-1)).cast("B")
+    rb = layout.row_bytes
+    for s in sorted(request.segments):
+        r0, r1 = int(table.bounds[s]), int(table.bounds[s + 1])
+        if r1 == r0:
+            continue
+        crc = crc32c.crc32c(data[(r0 - request.lo) * rb : (r1 - request.lo) * rb])
+        stored = int(table.crcs[s])
+        if crc != stored:
+            raise CorruptStoreError(
+                f"{layout.where}: {layout.name} {table.describe(s)} (rows [{r0}, {r1}), "
+                f"{layout._chunk_span(r0, r1)}): checksum mismatch "
+                f"(stored {stored:#010x}, computed {crc:#010x})"
+            )
 
 
 def _advance(views: list[memoryview], n: int) -> list[memoryview]:

@@ -8,6 +8,7 @@ The stages, in the order `_build` runs them::
                 ─> features, staged per partition       (_features)
                 ─> edge buckets, sorted and merged      (_buckets)
                 ─> splits                               (_writer)
+                ─> bucket and partition checksums       (_segments)
                 ─> manifest ─> rename the temporary directory into place
 
 Memory is bounded by the chunk settings, not by the dataset: features and edges stream
@@ -21,6 +22,7 @@ node state and METIS the whole graph (the default switches to ``random`` above
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -37,10 +39,13 @@ import numpy as np
 import zarr
 
 from graphstore._version import __version__
-from graphstore.errors import ConfigError, SourceError, StoreExistsError
+from graphstore.errors import ConfigError, SourceError, StoreExistsError, StoreWriteError
 from graphstore.layout._buckets import write_edges
+from graphstore.layout._durable import fsync_dir, fsync_tree
 from graphstore.layout._features import write_features
+from graphstore.layout._lock import StoreLock
 from graphstore.layout._progress import progress_bar
+from graphstore.layout._segments import write_segment_checksums
 from graphstore.layout._staging import NODE_CHUNK, EdgeStager, StagedEdges
 from graphstore.layout._writer import StoreWriter, write_node_arrays, write_splits
 from graphstore.layout.base import FORMAT_VERSION, MANIFEST_KEY, Manifest, index_dtype_for
@@ -98,13 +103,20 @@ def convert(source: str | os.PathLike | SourceGraph, out: str | os.PathLike,
     ``source`` is a path (its format detected, or ``options.format``) or a `SourceGraph`
     built in memory, which is how user code and tests hand over data of their own.
 
-    The store is built in a hidden temporary directory beside ``out`` and renamed into
-    place only when complete, so an error or a kill part-way leaves ``out`` as it was.
+    The store is built in a hidden temporary directory beside ``out``, every file and
+    directory of it fsynced, and renamed into place only when complete (then the parent
+    directory is fsynced), so an error or a kill part-way leaves ``out`` as it was and a
+    finished store survives a power cut. Replacing a store (``overwrite``) holds its
+    exclusive lock from the start, so a store some process has open is refused at once.
 
     Raises
     ------
     StoreExistsError
         ``out`` exists and ``options.overwrite`` is false (nothing is read or written).
+    StoreLockedError
+        ``overwrite`` of a store that another process has open.
+    StoreWriteError
+        The disk filled up (or another write failed); the temporary directory is removed.
     SourceError
         The source is missing or malformed; the message names the file and the line.
     ConfigError
@@ -114,16 +126,29 @@ def convert(source: str | os.PathLike | SourceGraph, out: str | os.PathLike,
     out_path = Path(out).absolute()
     if out_path.exists() and not opts.overwrite:
         raise StoreExistsError(f"{out_path}: already exists (pass --overwrite to replace it)")
-    _remove_stale_temporaries(out_path)
-    tmp = out_path.parent / f".{out_path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp.mkdir()
+    # Nobody may have the old store open while it is replaced; refuse now, not at the end.
+    lock = StoreLock(out_path, mode="replace") if opts.overwrite and out_path.is_dir() else None
     try:
-        manifest = _build(source if isinstance(source, SourceGraph) else Path(source), tmp, opts)
-        _move_into_place(tmp, out_path, overwrite=opts.overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _remove_stale_temporaries(out_path)
+        tmp = out_path.parent / f".{out_path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        try:
+            manifest = _build(source if isinstance(source, SourceGraph) else Path(source), tmp, opts)
+            fsync_tree(tmp)
+            _move_into_place(tmp, out_path, overwrite=opts.overwrite)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if exc.errno == errno.ENOSPC:
+                raise StoreWriteError(f"{out_path}: no space left on device in {out_path.parent} while "
+                                      "converting; nothing was written (the partial store was removed)") from exc
+            raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    finally:
+        if lock is not None:
+            lock.release()
     return manifest
 
 
@@ -151,15 +176,7 @@ def _move_into_place(tmp: Path, out_path: Path, *, overwrite: bool) -> None:
         shutil.rmtree(old) if old.is_dir() else old.unlink()
     else:
         os.replace(tmp, out_path)
-    _fsync_dir(out_path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(out_path.parent)
 
 
 @contextmanager
@@ -224,6 +241,9 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
         num_edges, cut_edges = write_edges(layout, staged, store_id, work, opts.chunk_edges, opts.keep_duplicates)
     with _phase("write splits", timings):
         split_counts, split_kinds = write_splits(layout, graph, store_id, work)
+    with _phase("segment checksums", timings):
+        # Read back through the chunks' own checksums, so the tables describe verified data.
+        write_segment_checksums(tmp, num_partitions=p, partition_size=partition_size)
 
     manifest = Manifest(
         format_version=FORMAT_VERSION,

@@ -7,7 +7,9 @@ checks that no chunk file is missing, and checks the invariants `convert` promis
 - every edge lies in the bucket its offsets say: src in partition i, dst in partition j,
   and inside a bucket edges ascend by (dst, src); bucket offsets run from 0 to E;
 - degrees equal the counts of stored edges; labels are in ``[-1, C)``; relations in
-  ``[0, R)``; features are finite; split ids are in range (node splits ascending).
+  ``[0, R)``; features are finite; split ids are in range (node splits ascending);
+- every segment checksum (per edge bucket, per node partition) matches its rows, so the
+  tables the training path verifies against are themselves right.
 
 It stops at the first problem with a `CorruptStoreError` naming the array and the chunk.
 """
@@ -15,6 +17,7 @@ It stops at the first problem with a `CorruptStoreError` naming the array and th
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,9 @@ from typing import Any
 import numpy as np
 import zarr
 
-from graphstore.errors import CorruptStoreError
+from graphstore.errors import CorruptStoreError, UnverifiedReadsWarning
+from graphstore.layout._chunkio import shared_reader
+from graphstore.layout._segments import segment_crcs
 from graphstore.layout.store import Store
 
 __all__ = ["store_summary", "verify_store"]
@@ -63,6 +68,28 @@ def _all_arrays(group: zarr.Group, prefix: str = "") -> list[str]:
     return sorted(names)
 
 
+def _open_quietly(path: str | os.PathLike) -> Store:
+    """Open for `verify`/`info`, which report a store without segment checksums themselves."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnverifiedReadsWarning)
+        return Store(path)
+
+
+def _check_segment_tables(store: Store) -> int:
+    """Recompute every segment checksum from the (chunk-verified) rows; returns how many
+    tables were checked."""
+    tables = store._segment_tables or {}
+    for name, table in tables.items():
+        computed = segment_crcs(shared_reader(), store._layout(name), table.bounds)
+        bad = np.flatnonzero(computed != table.crcs)
+        if len(bad):
+            s = int(bad[0])
+            raise CorruptStoreError(
+                f"{store.path}: checksums/{name}: the checksum of {table.describe(s)} is "
+                f"{int(table.crcs[s]):#010x}, its rows give {int(computed[s]):#010x}")
+    return len(tables)
+
+
 def verify_store(path: str | os.PathLike) -> dict[str, Any]:
     """Check a store end to end; return counts of what was checked.
 
@@ -73,7 +100,7 @@ def verify_store(path: str | os.PathLike) -> dict[str, Any]:
     CorruptStoreError
         The first damaged chunk or broken invariant, named by array and chunk.
     """
-    store = Store(path)
+    store = _open_quietly(path)
     m = store.manifest
     n, p, size = m.num_nodes, m.num_partitions, m.partition_size
     where = store.path
@@ -178,7 +205,10 @@ def verify_store(path: str | os.PathLike) -> dict[str, Any]:
             ids = store.array(name)[...]
             if len(ids) > 1 and (np.diff(ids.astype(np.int64)) <= 0).any():
                 fail(name, 0, "node ids are not strictly ascending")
-    return {"path": str(store.path), "arrays": len(arrays), "num_nodes": n, "num_edges": e, "ok": True}
+    tables = _check_segment_tables(store)
+    store.close()
+    return {"path": str(store.path), "arrays": len(arrays), "num_nodes": n, "num_edges": e,
+            "segment_tables": tables, "segment_checksums": tables > 0, "ok": True}
 
 
 def _bytes_on_disk(path: Path) -> int:
@@ -191,7 +221,7 @@ def _bytes_on_disk(path: Path) -> int:
 
 def store_summary(path: str | os.PathLike) -> dict[str, Any]:
     """Everything `graphstore info` prints, as JSON-ready data."""
-    store = Store(path)
+    store = _open_quietly(path)
     m = store.manifest
     arrays = {}
     for name in _all_arrays(store._root):
@@ -225,5 +255,6 @@ def store_summary(path: str | os.PathLike) -> dict[str, Any]:
         "conversion": m.conversion,
         "bytes_on_disk": _bytes_on_disk(store.path),
         "arrays": arrays,
+        "segment_checksums": store.verifies_partial_reads,
         "created_by": m.created_by,
     }

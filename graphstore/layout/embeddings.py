@@ -11,7 +11,9 @@ them. The layout, inside the store directory::
 Value and optimizer state share a row so that one partition is one chunk file: a partition
 write is a single ``os.replace`` of a fully written temporary file, which is atomic on
 POSIX file systems, so a reader (another process, or `verify`) sees the old partition or
-the new one, never half of each. zarr 3.1 itself writes a chunk in place, which a
+the new one, never half of each; the file is fsynced before the rename and the directory
+after it, so a written-back partition survives a crash. Writing needs the store opened
+with mode ``"r+"`` (which holds its writer lock: one writer at a time). zarr 3.1 itself writes a chunk in place, which a
 concurrent reader could catch half-written, so writes bypass zarr; the bytes are exactly
 what zarr would write (raw little-endian rows, zero-padded to P rows, then the crc32c of
 those bytes as a little-endian uint32), so zarr and `graphstore verify` read them as usual.
@@ -23,7 +25,6 @@ any one per-coordinate tensor there.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import crc32c
@@ -32,6 +33,7 @@ import zarr
 
 from graphstore.errors import ConfigError, CorruptStoreError, StoreError
 from graphstore.layout._arrays import new_array
+from graphstore.layout._durable import write_atomically
 from graphstore.layout.store import Store
 
 __all__ = ["EMBEDDINGS_ARRAY", "EmbeddingTable"]
@@ -89,6 +91,8 @@ class EmbeddingTable:
         ------
         ConfigError
             ``dim`` < 1 or ``scale`` < 0.
+        ReadOnlyStoreError
+            The store was opened with mode ``"r"``.
         StoreError
             The array exists already and ``exist_ok`` is false, or it exists with another
             shape.
@@ -97,6 +101,8 @@ class EmbeddingTable:
             raise ConfigError(f"embedding dim must be >= 1 (got {dim})")
         if not scale >= 0:
             raise ConfigError(f"embedding scale must be >= 0 (got {scale})")
+        if not cls.exists(store):
+            store.check_writable()
         group = zarr.open_group(str(store.path), mode="r+", zarr_format=3)
         if EMBEDDINGS_ARRAY in group:
             if not exist_ok:
@@ -134,6 +140,10 @@ class EmbeddingTable:
         """The file holding partition k (zarr v3 default chunk keys: ``c/k/0/0``)."""
         return self.path / "c" / str(k) / "0" / "0"
 
+    @staticmethod
+    def _key(k: int) -> str:
+        return f"c/{k}/0/0"
+
     @property
     def row_bytes(self) -> int:
         return 2 * self.dim * 4
@@ -165,12 +175,16 @@ class EmbeddingTable:
                 data = bytearray(expected)
                 got = f.readinto(data)
         except FileNotFoundError:
-            raise CorruptStoreError(f"{self.path}: chunk of partition {k} is missing ({path.name})") from None
+            raise CorruptStoreError(f"{self.path}: partition {k}, chunk file {self._key(k)}: "
+                                    "chunk file is missing") from None
         if got != expected:
-            raise CorruptStoreError(f"{self.path}: chunk of partition {k} has {got} bytes, expected {expected}")
+            raise CorruptStoreError(f"{self.path}: partition {k}, chunk file {self._key(k)}: "
+                                    f"chunk file is {got} bytes, expected {expected}")
         view = memoryview(data)
-        if crc32c.crc32c(view[:-4]) != int.from_bytes(view[-4:], "little"):
-            raise CorruptStoreError(f"{self.path}: chunk of partition {k} fails its crc32c checksum")
+        stored, computed = int.from_bytes(view[-4:], "little"), crc32c.crc32c(view[:-4])
+        if computed != stored:
+            raise CorruptStoreError(f"{self.path}: partition {k}, chunk file {self._key(k)}: checksum "
+                                    f"mismatch (stored {stored:#010x}, computed {computed:#010x})")
         rows = np.frombuffer(data, "<f4", count=m * 2 * self.dim).reshape(m, 2, self.dim)
         if out is None:
             return rows.copy()
@@ -182,11 +196,18 @@ class EmbeddingTable:
     def write_partition(self, k: int, rows: np.ndarray) -> int:
         """Replace partition k's rows [P_k, 2, d] atomically; returns the bytes written.
 
-        The chunk is written to a temporary file beside the target and renamed over it, so
-        readers see the old or the new partition, whole. Not durable across a power cut
-        (no fsync): the buffer writes back every epoch, and a crash loses at most the
-        epoch's updates, never the table's consistency.
+        The chunk is written to a temporary file beside the target, fsynced, and renamed
+        over it (then the directory is fsynced), so readers see the old or the new
+        partition, whole, and a returned write survives a crash.
+
+        Raises
+        ------
+        ReadOnlyStoreError
+            The store was opened with mode ``"r"`` (or is closed).
+        OSError
+            The write failed (a full disk: ENOSPC); the old partition is untouched.
         """
+        self.store.check_writable()
         start, stop = self.store.partition_range(k)
         rows = np.asarray(rows)
         if rows.shape != (stop - start, 2, self.dim):
@@ -195,15 +216,7 @@ class EmbeddingTable:
         payload = self.chunk_bytes(rows, rows_per_chunk=self.store.partition_size)
         target = self.chunk_path(k)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(payload)
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return len(payload)
+        return write_atomically(target, payload)
 
     def read_all(self) -> np.ndarray:
         """Every row [N, 2, d] (for tests and small stores: loads the whole table)."""

@@ -8,7 +8,10 @@ for the layout).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,14 +19,27 @@ import numpy as np
 import zarr
 import zarr.errors
 
-from graphstore.errors import ConfigError, StoreError, StoreNotFoundError, StoreVersionError
-from graphstore.layout._chunkio import shared_reader
+from graphstore.errors import (
+    ConfigError,
+    CorruptStoreError,
+    ReadOnlyStoreError,
+    StoreError,
+    StoreNotFoundError,
+    StoreVersionError,
+    UnverifiedReadsWarning,
+)
+from graphstore.layout._chunkio import ArrayLayout, shared_reader
+from graphstore.layout._lock import StoreLock
+from graphstore.layout._segments import load_segment_tables
 from graphstore.layout.base import FORMAT_VERSION, MANIFEST_KEY, Manifest
 from graphstore.layout.sources.base import EdgeSplit
 
 __all__ = ["Store", "open_store"]
 
 _MODES = ("r", "r+")
+_WARNED_UNVERIFIED: set[str] = set()
+"""Stores already warned about in this process (the warning is one-time per store)."""
+_WARN_LOCK = threading.Lock()
 
 
 def open_store(path: str | os.PathLike, mode: str = "r") -> Store:
@@ -34,12 +50,18 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> Store:
     path : str or PathLike
         A directory written by `graphstore convert`.
     mode : {"r", "r+"}
-        ``"r+"`` allows later writers (embeddings) to update the store.
+        ``"r"`` takes a shared lock and never writes; ``"r+"`` also takes the store's
+        writer lock (one writer at a time) and allows writers (embeddings, ``upgrade``).
+        Readers never wait for a writer. The locks are released by `Store.close` or when
+        the process ends.
 
     Raises
     ------
     StoreNotFoundError
         Nothing at ``path``, or a directory that is not a complete store.
+    StoreLockedError
+        ``"r+"`` while another process writes to the store, or any mode while the store
+        is being replaced (``convert --overwrite``).
     StoreVersionError
         A format version this graphstore does not read.
     StoreError
@@ -67,6 +89,14 @@ class Store:
             raise StoreNotFoundError(f"{self.path}: no such store")
         if not (self.path / "zarr.json").is_file():
             raise StoreNotFoundError(f"{self.path}: not a graphstore store (no zarr.json)")
+        self._lock = StoreLock(self.path, mode="write" if mode == "r+" else "read")
+        try:
+            self._open(mode)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _open(self, mode: str) -> None:
         try:
             self._root = zarr.open_group(str(self.path), mode=mode, zarr_format=3)
         except (zarr.errors.GroupNotFoundError, ValueError, OSError) as exc:
@@ -87,8 +117,21 @@ class Store:
         self._arrays: dict[str, zarr.Array] = {}
         self._id_cache: dict[str, np.ndarray] = {}
         self._check_arrays()
-        self.bucket_offsets: np.ndarray = self._array("edges/bucket_offsets")[...]
+        self.bucket_offsets: np.ndarray = self._zarr_read("edges/bucket_offsets")
         """[p*p+1] int64: see `bucket_range`."""
+        self._layouts: dict[str, ArrayLayout] = {}
+        self._layout_lock = threading.Lock()
+        self._segment_tables = load_segment_tables(
+            self._root, str(self.path), num_partitions=self.num_partitions,
+            partition_size=self.partition_size, bucket_offsets=self.bucket_offsets)
+        if self._segment_tables is None:
+            _warn_unverified(self.path)
+
+    @property
+    def verifies_partial_reads(self) -> bool:
+        """True when the store has segment checksums, so every read is verified; False for
+        a store written before them (``graphstore upgrade`` adds them)."""
+        return self._segment_tables is not None
 
     # ------------------------------------------------------------------ validation
 
@@ -120,6 +163,13 @@ class Store:
                 expected[f"splits/edges/{name}/dst"] = ((count,), idx)
         return expected
 
+    def check_writable(self) -> None:
+        """Raise `ReadOnlyStoreError` unless the store was opened with mode ``"r+"``."""
+        if self.mode != "r+" or not self._lock.held:
+            state = "closed" if not self._lock.held else "opened read-only (mode 'r')"
+            raise ReadOnlyStoreError(f"{self.path}: the store is {state}; open it with "
+                                     "graphstore.open(path, mode='r+') to write to it")
+
     def _check_arrays(self) -> None:
         m = self.manifest
         if m.num_nodes <= 0 or m.num_partitions <= 0 or m.partition_size <= 0:
@@ -147,6 +197,29 @@ class Store:
                 raise StoreError(f"{self.path}: {name} is a group, expected an array")
             self._arrays[name] = arr
         return arr
+
+    def _zarr_read(self, name: str) -> np.ndarray:
+        """All of array ``name`` through zarr, which checks every chunk's crc32c."""
+        try:
+            return self._array(name)[...]
+        except ValueError as exc:  # the crc32c codec's mismatch
+            raise CorruptStoreError(f"{self.path}: {name}: {exc}") from None
+        except FileNotFoundError as exc:
+            raise CorruptStoreError(f"{self.path}: {name}: a chunk file is missing ({exc})") from None
+
+    def _layout(self, name: str) -> ArrayLayout:
+        """How `read_many` reads ``name``: its chunk files, plus its segment checksums."""
+        with self._layout_lock:
+            layout = self._layouts.get(name)
+            if layout is None:
+                layout = ArrayLayout.of(self._array(name), name=name)
+                tables = self._segment_tables
+                if tables is None:  # written before segment checksums: as it always was
+                    layout = dataclasses.replace(layout, verify_partial=False)
+                elif name in tables:
+                    layout = dataclasses.replace(layout, segments=tables[name])
+                self._layouts[name] = layout
+            return layout
 
     # ------------------------------------------------------------------ metadata
 
@@ -213,16 +286,20 @@ class Store:
         Each request is ``(array name, start, stop, out)``; ``out`` (shape
         ``[stop - start, ...]``, the array's dtype, C-contiguous) receives the rows, or is
         None for a new array. All reads are in flight together on the process's
-        `ChunkReader` (several requests deep, ``O_DIRECT`` into 4096-aligned outputs); whole
-        chunks are checksummed, parts of chunks are not (see `graphstore.layout._chunkio`).
-        This is the buffer's only read path, so tests and benchmarks can wrap it.
+        `ChunkReader` (several requests deep, ``O_DIRECT`` into 4096-aligned outputs). Every
+        byte is verified: whole chunks by their crc32c, parts of chunks by the checksums of
+        the buckets or partitions they hold, or by reading the whole chunk (see
+        `graphstore.layout._chunkio`); a store without segment checksums leaves parts of
+        chunks unverified (`verifies_partial_reads`). This is the buffer's only read path,
+        so tests and benchmarks can wrap it.
 
         Raises
         ------
         CorruptStoreError
-            A chunk file is missing or short, or a whole chunk fails its checksum.
+            A chunk file is missing or short, or a chunk, bucket or partition fails its
+            checksum; the message names the array, the bucket or partition, and the file.
         """
-        arrays = [(self._array(name), int(lo), int(hi), out) for name, lo, hi, out in requests]
+        arrays = [(self._layout(name), int(lo), int(hi), out) for name, lo, hi, out in requests]
         outs = [out if out is not None else np.empty((max(0, hi - lo), *a.shape[1:]), a.dtype)
                 for a, lo, hi, out in arrays]
         shared_reader().read_into([(a, lo, hi, out) for (a, lo, hi, _), out in zip(arrays, outs)])
@@ -259,18 +336,22 @@ class Store:
         return np.asarray(store_ids) // self.partition_size
 
     def read_features(self, k: int) -> np.ndarray:
-        """[P_k, D] features of partition ``k`` (whole chunks, one sequential read)."""
+        """[P_k, D] features of partition ``k`` (one sequential read, verified).
+
+        Raises
+        ------
+        CorruptStoreError
+            The rows fail their checksum (the message names the partition and chunk file).
+        """
         if not self.manifest.has_features:
             raise StoreError(f"{self.path}: the store has no features")
-        start, stop = self.partition_range(k)
-        return self._array("nodes/features")[start:stop]
+        return self.read_rows("nodes/features", *self.partition_range(k))
 
     def read_labels(self, k: int) -> np.ndarray:
-        """[P_k] int32 labels of partition ``k``."""
+        """[P_k] int32 labels of partition ``k`` (verified, as `read_features`)."""
         if not self.manifest.has_labels:
             raise StoreError(f"{self.path}: the store has no labels")
-        start, stop = self.partition_range(k)
-        return self._array("nodes/labels")[start:stop]
+        return self.read_rows("nodes/labels", *self.partition_range(k))
 
     def bucket_range(self, i: int, j: int) -> tuple[int, int]:
         """Edge positions ``[start, stop)`` of bucket (i, j): src in partition i, dst in j."""
@@ -283,10 +364,9 @@ class Store:
         """Edges of bucket (i, j) as ``(src, dst, rel)`` store ids ([m] each; rel None when
         untyped), sorted by (dst, src)."""
         start, stop = self.bucket_range(i, j)
-        src = self._array("edges/src")[start:stop]
-        dst = self._array("edges/dst")[start:stop]
-        rel = self._array("edges/rel")[start:stop] if self.manifest.has_relations else None
-        return src, dst, rel
+        names = ["edges/src", "edges/dst"] + (["edges/rel"] if self.manifest.has_relations else [])
+        src, dst, *rel = self.read_many([(name, start, stop, None) for name in names])
+        return src, dst, rel[0] if rel else None
 
     def read_degree(self, kind: str = "in") -> np.ndarray:
         """[N] int64 degree of every node: ``"in"``, ``"out"`` or ``"total"``."""
@@ -294,7 +374,7 @@ class Store:
             return self.read_degree("in") + self.read_degree("out")
         if kind not in ("in", "out"):
             raise ConfigError(f"degree kind must be 'in', 'out' or 'total' (got {kind!r})")
-        return self._array(f"nodes/{kind}_degree")[...]
+        return self.read_rows(f"nodes/{kind}_degree", 0, self.num_nodes)
 
     # ------------------------------------------------------------------ splits and ids
 
@@ -309,7 +389,7 @@ class Store:
         """[n] store ids (ascending) of node split ``name``."""
         if self._split_kind(name) != "nodes":
             raise ConfigError(f"split {name!r} is an edge split; use read_edge_split")
-        return self._array(f"splits/nodes/{name}")[...]
+        return self._zarr_read(f"splits/nodes/{name}")
 
     def read_edge_split(self, name: str) -> EdgeSplit:
         """Edge split ``name`` in store ids (negatives as shipped, or None)."""
@@ -319,7 +399,7 @@ class Store:
         members = set(group.array_keys())
 
         def get(key: str) -> np.ndarray | None:
-            return group[key][...] if key in members else None
+            return self._zarr_read(f"splits/edges/{name}/{key}") if key in members else None
 
         return EdgeSplit(src=get("src"), dst=get("dst"), rel=get("rel"),
                          neg_src=get("neg_src"), neg_dst=get("neg_dst"))
@@ -339,18 +419,32 @@ class Store:
             raise ConfigError(f"node id {ids[bad[0]]} is outside [0, {self.num_nodes})")
         table = self._id_cache.get(name)
         if table is None:
-            table = self._id_cache[name] = self._array(name)[...].astype(np.int64)
+            table = self._id_cache[name] = self.read_rows(name, 0, self.num_nodes).astype(np.int64)
         return table[ids]
 
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Drop cached arrays (a local Zarr store holds no open files between reads)."""
+        """Release the store's locks and drop cached arrays. Idempotent."""
+        self._lock.release()
         self._arrays.clear()
         self._id_cache.clear()
+        self._layouts.clear()
 
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _warn_unverified(path: Path) -> None:
+    """Once per store and process: its reads of parts of chunks are not verified."""
+    key = str(path.resolve())
+    with _WARN_LOCK:
+        if key in _WARNED_UNVERIFIED:
+            return
+        _WARNED_UNVERIFIED.add(key)
+    warnings.warn(f"{path}: written without segment checksums, so reads of single edge buckets and "
+                  f"partitions are not verified; run `graphstore upgrade {path}` to add them",
+                  UnverifiedReadsWarning, stacklevel=4)

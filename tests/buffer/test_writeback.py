@@ -199,12 +199,12 @@ def test_damage_and_misuse_are_reported(store):
     data = bytearray(path.read_bytes())
     data[10] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(CorruptStoreError, match=r"embeddings/params: chunk of partition 4 fails its crc32c"):
+    with pytest.raises(CorruptStoreError, match=r"embeddings/params: partition 4, chunk file c/4/0/0: checksum mismatch"):
         table.read_partition(4)
     with pytest.raises(CorruptStoreError, match=r"embeddings/params chunk 4"):
         verify_store(store.path)
     path.unlink()
-    with pytest.raises(CorruptStoreError, match="chunk of partition 4 is missing"):
+    with pytest.raises(CorruptStoreError, match="partition 4, chunk file c/4/0/0: chunk file is missing"):
         table.read_partition(4)
     with pytest.raises(StoreError, match="exists already"):
         EmbeddingTable.create(store, DIM)

@@ -3,6 +3,7 @@ is reported naming the chunk, unsupported arrays go through zarr, threads behave
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import threading
@@ -97,8 +98,11 @@ def test_stats_count_whole_and_partial_chunks(store_path, reader):
     stats = reader.read_rows(arr, R, 3 * R, out)
     assert (stats.chunks_verified, stats.partial_reads) == (2, 0)
     assert stats.bytes_read == 2 * (R * 4 + 4)
+    # Part of a chunk, no segment table (a bare zarr array): the whole chunk is read and checked.
     stats = reader.read_rows(arr, R + 1, 3 * R, out[:-1])
-    assert (stats.chunks_verified, stats.partial_reads) == (1, 1)
+    assert (stats.chunks_verified, stats.partial_reads, stats.chunks_expanded) == (2, 0, 1)
+    assert stats.bytes_read == 2 * (R * 4 + 4) and stats.unverified_reads == 0
+    np.testing.assert_array_equal(out[:-1], arr[R + 1 : 3 * R])
     # The last chunk is padded to full size on disk: reading its rows reads (and checks) it all.
     last = (n - 1) // R * R
     stats = reader.read_rows(arr, last, n, np.empty(n - last, arr.dtype))
@@ -198,10 +202,13 @@ def test_flipped_byte_fails_whole_chunk_reads(copy):
     with ChunkReader(threads=2) as reader:
         with pytest.raises(CorruptStoreError, match=r"nodes/features chunk 1/0: checksum mismatch \(stored 0x"):
             reader.read_rows(arr, 0, 3 * R, np.empty((3 * R, arr.shape[1]), arr.dtype))
-        # Part of the chunk is read without its checksum (documented): the flip goes unnoticed.
-        out = np.empty((2, arr.shape[1]), arr.dtype)
-        stats = reader.read_rows(arr, R, R + 2, out)
-        assert stats.partial_reads == 1 and stats.chunks_verified == 0
+        # Part of the chunk: read whole to verify it, so the flip is caught there too.
+        with pytest.raises(CorruptStoreError, match=r"nodes/features chunk 1/0: checksum mismatch"):
+            reader.read_rows(arr, R, R + 2, np.empty((2, arr.shape[1]), arr.dtype))
+        # A store written before segment checksums reads parts of chunks unverified (it warns).
+        legacy = dataclasses.replace(reader.layout(arr), verify_partial=False)
+        stats = reader.read_rows(legacy, R, R + 2, np.empty((2, arr.shape[1]), arr.dtype))
+        assert stats.partial_reads == stats.unverified_reads == 1 and stats.chunks_verified == 0
         # The reader survives the error.
         reader.read_rows(arr, 0, R, np.empty((R, arr.shape[1]), arr.dtype))
 
@@ -237,7 +244,10 @@ def test_truncated_chunk_file(copy, store_path):
             reader.read(arr, 2 * R, 3 * R)
         with pytest.raises(CorruptStoreError, match="chunk file is"):
             reader.read(arr, 3 * R - 2, 3 * R - 1)  # a partial read past the cut
-        out, stats = reader.read(arr, 2 * R, 2 * R + 2)  # before the cut: nothing to notice
+        with pytest.raises(CorruptStoreError, match="chunk file is"):
+            reader.read(arr, 2 * R, 2 * R + 2)  # before the cut: the chunk is read whole
+        legacy = dataclasses.replace(reader.layout(arr), verify_partial=False)
+        out, stats = reader.read(legacy, 2 * R, 2 * R + 2)  # unverified: nothing to notice
         intact = graphstore.open(store_path).array("nodes/labels")
         np.testing.assert_array_equal(out, intact[2 * R : 2 * R + 2])
 
@@ -356,7 +366,8 @@ def test_partial_reads_direct_or_buffered(store_path):
     R = arr.chunks[0]
     for partial_direct in (True, False):
         with ChunkReader(partial_direct=partial_direct) as reader:
-            out, stats = reader.read(arr, R + 3, 2 * R - 5)
+            exact = dataclasses.replace(reader.layout(arr), verify_partial=False)
+            out, stats = reader.read(exact, R + 3, 2 * R - 5)
         np.testing.assert_array_equal(out, arr[R + 3 : 2 * R - 5])
         assert stats.partial_reads == 1 and stats.chunks_verified == 0
         if partial_direct:  # the aligned block around the rows
