@@ -195,6 +195,9 @@ class ArrayLayout:
     verify_partial: bool = True
     """False: a read of part of a chunk is exact and unverified (stores written before
     segment checksums). True: it is verified by `segments`, or read as the whole chunk."""
+    device: int = -1
+    """``st_dev`` of the array's directory: O_DIRECT is given up per filesystem, not per
+    reader, when one refuses it (tmpfs), so stores on other disks keep it."""
 
     @classmethod
     def of(cls, array: zarr.Array, *, path: str | os.PathLike | None = None,
@@ -231,8 +234,12 @@ class ArrayLayout:
             return cls(**base, fast=False, reason=reason)
         codecs = list(meta.codecs)
         separator = meta.chunk_key_encoding.separator
+        try:
+            device = os.stat(directory).st_dev
+        except OSError:
+            device = -1
         return cls(**{**base, "checksum": len(codecs) == 2}, fast=True, key_prefix=f"c{separator}",
-                   key_suffix=f"{separator}0" * (len(shape) - 1))
+                   key_suffix=f"{separator}0" * (len(shape) - 1), device=device)
 
     @property
     def num_chunks(self) -> int:
@@ -449,6 +456,8 @@ class ChunkReader:
         self.drop_cache = drop_cache and hasattr(os, "posix_fadvise")
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
         self._lock = threading.Lock()
+        self._no_direct: set[int] = set()
+        """Devices (``st_dev``) that refused O_DIRECT: read buffered from then on."""
         self._layouts: dict[tuple[int, str], ArrayLayout] = {}
         self._closed = False
 
@@ -653,7 +662,7 @@ class ChunkReader:
                 pad = memoryview(aligned_empty(layout.chunk_bytes - valid, np.uint8))
                 job.segments.append((valid, pad))
                 job.data_views.append(pad)
-        job.direct = self.direct and all(
+        job.direct = self.direct and layout.device not in self._no_direct and all(
             off % ALIGN == 0 and len(view) % ALIGN == 0 and _address(view) % ALIGN == 0
             for off, view in job.segments
         )
@@ -734,7 +743,7 @@ class ChunkReader:
         Returns the bytes read and whether O_DIRECT was used.
         """
         path = job.layout.chunk_path(job.index)
-        direct = job.direct and self.direct
+        direct = job.direct and job.layout.device not in self._no_direct
         flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
         try:
             fd = os.open(path, flags | (os.O_DIRECT if direct else 0))
@@ -743,8 +752,9 @@ class ChunkReader:
         except OSError as exc:
             if not (direct and exc.errno == errno.EINVAL):
                 raise
-            # A filesystem without O_DIRECT (tmpfs): buffered from now on.
-            self.direct, direct = False, False
+            # A filesystem without O_DIRECT (tmpfs): buffered from now on, on that filesystem.
+            self._no_direct.add(job.layout.device)
+            direct = False
             fd = os.open(path, flags)
         try:
             if not direct and not job.whole and hasattr(os, "posix_fadvise"):
@@ -757,8 +767,9 @@ class ChunkReader:
                 except OSError as exc:
                     if not (direct and exc.errno == errno.EINVAL):
                         raise
-                    # An alignment this device refuses: buffered from now on.
-                    self.direct, direct = False, False
+                    # An alignment this device refuses: buffered from now on, on this device.
+                    self._no_direct.add(job.layout.device)
+                    direct = False
                     os.close(fd)
                     fd = os.open(path, flags)
                     continue
