@@ -19,6 +19,11 @@ larger than a cgroup v1 memory cap (tools/make_synthetic.py, then ``graphstore c
    GIL (torch kernels), a pure-Python loop would not, and the loader thread needs it.
 4. **COMET vs BETA** at MariusGNN's settings (p=16, c=4; COMET with its default number of
    logical partitions): states, partitions loaded, bytes read per epoch, side by side.
+5. **What verification costs.** The load pass of step 2 with every read verified (whole
+   chunks by their crc32c, edge buckets and partitions by the store's segment checksums)
+   and with a reader that computes no checksum, alternating which goes first, each cold:
+   ``read_seconds`` with / without - 1 (goal: under 5 %). ``--only-verify-cost`` runs just
+   this (and the disk reference).
    A state here is a quarter of the store and the manager keeps about three states'
    worth of arrays at once, so this runs under a larger cap (reported; see the JSON).
 
@@ -135,6 +140,11 @@ def child(spec: dict) -> None:
     from graphstore.buffer import BufferManager, BufferMemory
     from graphstore.buffer.memory import slots_needed
 
+    if not spec.get("verify", True):
+        # The cost-of-verification baseline: the same reads, no checksum computed.
+        from graphstore.layout import _chunkio
+
+        _chunkio._SHARED = _chunkio.ChunkReader(verify=False, name="graphstore-unverified")
     store = graphstore.open(spec["store"])
     epochs = [[tuple(s) for s in states] for states in spec["epochs"]]
     by_array = _time_reads_by_array()
@@ -215,12 +225,13 @@ def _time_reads_by_array() -> dict:
     return table
 
 
-def run_child(args, store_path: Path, epochs, *, prefetch: bool, compute: float, cap_bytes: int) -> dict:
+def run_child(args, store_path: Path, epochs, *, prefetch: bool, compute: float, cap_bytes: int,
+              verify: bool = True) -> dict:
     """``epochs``: a list of epochs' states (one plan's states for a single epoch)."""
     out = args.workdir / "child.json"
     out.unlink(missing_ok=True)
     spec = {"store": str(store_path), "epochs": [[list(map(int, s)) for s in states] for states in epochs],
-            "prefetch": prefetch, "compute_seconds": compute, "out": str(out)}
+            "prefetch": prefetch, "compute_seconds": compute, "out": str(out), "verify": verify}
     drop_caches()
     cap = MemoryCap(f"graphstore_bench_buffer_{os.getpid()}", cap_bytes)
     try:
@@ -260,6 +271,37 @@ def build(args, num_nodes: int, partitions: int) -> tuple[Path, dict]:
     return store, {"path": str(store), "bytes_on_disk": du(store), "num_partitions": partitions}
 
 
+# ---------------------------------------------------------------------- verification cost
+
+
+def verify_cost(args, load_path: Path, states, cap: int, repeats: int) -> dict:
+    """Step 5: the load pass verified and unverified, alternating order, cold each time."""
+    runs = []
+    for r in range(max(repeats, 3)):
+        pair = {}
+        for verify in ((True, False) if r % 2 == 0 else (False, True)):
+            pair[verify] = run_child(args, load_path, [states], prefetch=False, compute=0.0, cap_bytes=cap,
+                                     verify=verify)
+        on, off = pair[True], pair[False]
+        if on["bytes_read"] != off["bytes_read"]:
+            raise RuntimeError(f"verified and unverified passes read different bytes: {on['bytes_read']} vs "
+                               f"{off['bytes_read']}")
+        cost = on["read_seconds"] / off["read_seconds"] - 1
+        runs.append({"verified_read_seconds": on["read_seconds"], "unverified_read_seconds": off["read_seconds"],
+                     "verified_read_bytes_per_s": on["read_bytes_per_s"],
+                     "unverified_read_bytes_per_s": off["read_bytes_per_s"], "bytes_read": on["bytes_read"],
+                     "cost": cost, "first": "verified" if r % 2 == 0 else "unverified"})
+        print(f"verification run {r}: read {on['read_seconds']:.2f} s verified, {off['read_seconds']:.2f} s "
+              f"unverified: cost {cost:+.1%} ({on['bytes_read'] / 1e9:.2f} GB)", flush=True)
+    cost = median_range([x["cost"] for x in runs])
+    return {"what": "read_seconds of one hierbatching pass (p, c as the load measurement) with checksums "
+                    "(whole chunks + segment tables) over the same pass with a reader that computes none",
+            "cost": cost, "goal": "cost < 0.05", "goal_met": cost["median"] < 0.05,
+            "verified_read_bytes_per_s": median_range([x["verified_read_bytes_per_s"] for x in runs]),
+            "unverified_read_bytes_per_s": median_range([x["unverified_read_bytes_per_s"] for x in runs]),
+            "runs": runs}
+
+
 # ---------------------------------------------------------------------- main
 
 
@@ -284,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, help="runs of measurements 2 and 3 (default 3, quick 1)")
     ap.add_argument("--epochs", type=int, default=3, help="epochs per prefetch run (sharing the buffer's memory)")
     ap.add_argument("--dataset", type=Path, help="an existing make_synthetic.py node dataset (skips generating one)")
+    ap.add_argument("--only-verify-cost", action="store_true",
+                    help="run only the disk reference and the cost of verification (step 5)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -346,6 +390,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # 2. + 3. load bandwidth and prefetch on a hierbatching plan
     plan = plan_epoch("hierbatching", num_partitions=args.load_partitions, capacity=c, epoch=0, seed=0)
+    if args.only_verify_cost:
+        results["verify_cost"] = verify_cost(args, load_path, plan.states, cap, repeats)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.json}; verification goal met: {results['verify_cost']['goal_met']}")
+        return 0
     accounting = plan_bytes(store, plan.states)
     bw_runs = []
     for r in range(repeats):
@@ -395,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     lb = results["load_bandwidth"]
     lb["goal_bandwidth_met"] = lb["vs_dd"]["median"] >= 0.8
     lb["goal_bytes_met"] = abs(lb["bytes_read_vs_lower_bound"] - 1) <= 0.10
+
+    results["verify_cost"] = verify_cost(args, load_path, plan.states, cap, repeats)
 
     # compute per state = one state's load time (read + assemble), the median over the runs
     per_state_load = statistics.median((r["read_seconds"] + r["assemble_seconds"]) / r["states"] for r in bw_runs)
@@ -485,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.json}; bandwidth goal met: {lb['goal_bandwidth_met']}, bytes goal met: "
-          f"{lb['goal_bytes_met']}, prefetch goal met: {pf['goal_met']}")
+          f"{lb['goal_bytes_met']}, prefetch goal met: {pf['goal_met']}, verification goal met: "
+          f"{results['verify_cost']['goal_met']}")
     return 0
 
 

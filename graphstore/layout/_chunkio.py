@@ -424,6 +424,10 @@ class ChunkReader:
     drop_cache : bool
         After a buffered read, tell the kernel to drop the pages it read: the rows now live
         in the caller's array, and under a memory cap the page cache counts against the cap.
+    verify : bool
+        Check checksums (default). False reads the same bytes without computing any
+        checksum, and reads parts of chunks exactly: only for measuring what verification
+        costs (``tools/bench_buffer.py``); never for training.
     name : str
         Prefix of the worker threads' names.
 
@@ -444,7 +448,8 @@ class ChunkReader:
     """
 
     def __init__(self, *, threads: int = 4, direct: bool = True, piece_bytes: int = 8 << 20,
-                 partial_direct: bool = False, drop_cache: bool = True, name: str = "graphstore-chunkio") -> None:
+                 partial_direct: bool = False, drop_cache: bool = True, verify: bool = True,
+                 name: str = "graphstore-chunkio") -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1 (got {threads})")
         if piece_bytes < ALIGN:
@@ -454,6 +459,7 @@ class ChunkReader:
         self.partial_direct = partial_direct and self.direct
         self.piece_bytes = -(-piece_bytes // ALIGN) * ALIGN
         self.drop_cache = drop_cache and hasattr(os, "posix_fadvise")
+        self.verify = verify
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
         self._lock = threading.Lock()
         self._no_direct: set[int] = set()
@@ -574,7 +580,8 @@ class ChunkReader:
         stats.file_reads += len(pieces)
         stats.partial_reads += sum(not job.whole for job in jobs)
         stats.chunks_expanded += sum(job.whole and job.copy is not None for job in jobs)
-        stats.unverified_reads += sum(not job.whole and not job.layout.verify_partial for job in jobs)
+        stats.unverified_reads += sum(not job.whole and (not job.layout.verify_partial or not self.verify)
+                                      for job in jobs)
         stats.seconds = time.perf_counter() - t0
         return stats
 
@@ -613,8 +620,8 @@ class ChunkReader:
             rows = dest[(a - lo) * rb : (b - lo) * rb]
             whole_chunk = a == c0 and b == min(c0 + R, n)
             if not whole_chunk:
-                covered = self._covering_segments(layout, a, b, lo, hi)
-                if covered is None and layout.checksum and layout.verify_partial:
+                covered = self._covering_segments(layout, a, b, lo, hi) if self.verify else None
+                if covered is None and layout.checksum and layout.verify_partial and self.verify:
                     # Nothing checks these rows on their own: read (and verify) the chunk.
                     jobs.append(self._whole_job(layout, index, scratch_for=rows, skip=(a - c0) * rb))
                     continue
@@ -714,7 +721,7 @@ class ChunkReader:
             job.pending -= 1
             last = job.pending == 0
         verified = 0
-        if last and job.trailer is not None:
+        if last and job.trailer is not None and self.verify:
             crc = 0
             for view in job.data_views:
                 crc = crc32c.crc32c(view, crc)

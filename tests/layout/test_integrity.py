@@ -231,3 +231,29 @@ def test_interrupted_table_write_is_ignored_and_rebuilt(copy):
     assert result["had_checksums"] is False
     assert set(result["arrays"]) == set(record["graphstore_checksums"]["arrays"])
     assert graphstore.open(copy).verifies_partial_reads
+
+
+def test_corrupt_state_still_writes_back_the_others(copy):
+    """A bad checksum while loading a state reaches the consumer, and the embeddings it
+    updated in earlier states are written back first."""
+    from graphstore.layout.embeddings import EmbeddingTable
+
+    store = graphstore.open(copy, mode="r+")
+    table = EmbeddingTable.create(store, 4, seed=1)
+    before = table.read_all()
+    lo, _ = store.bucket_range(*BUCKET)
+    _flip(copy, "edges/dst", lo, row_bytes=4, chunk_rows=EDGE_CHUNK)
+    states = [(0, 1), (BUCKET[0], BUCKET[1])]
+    buffer = BufferManager(store, states, embeddings=table, with_features=False)
+    seen = 0
+    with pytest.raises(CorruptStoreError, match=r"edges/dst bucket \(src partition 2, dst partition 4\)"):
+        for loaded in buffer:
+            loaded.graph.embeddings[:, 0] += 1.0
+            seen += 1
+    assert seen == 1 and buffer.closed
+    after = table.read_all()
+    for k in (0, 1):
+        a, b = store.partition_range(k)
+        np.testing.assert_array_equal(after[a:b, 0], before[a:b, 0] + 1.0)
+    untouched = np.r_[store.partition_range(1)[1]:store.num_nodes]
+    np.testing.assert_array_equal(after[untouched], before[untouched])
