@@ -56,12 +56,16 @@ def open_dataset(path: str | os.PathLike, mode: str = "r") -> Dataset:
     path : str or PathLike
         A directory written by `graphstore convert`.
     mode : {"r", "r+"}
-        ``"r+"`` lets learnable embeddings be created and written back.
+        ``"r"`` takes a shared lock and never writes. ``"r+"`` also takes the store's
+        writer lock (one writer at a time) and lets learnable embeddings be created and
+        written back. Readers never wait; `Store.close` or the process's end releases both.
 
     Raises
     ------
     StoreNotFoundError
         Nothing at ``path``, or a directory that is not a complete store.
+    StoreLockedError
+        ``"r+"`` while another process writes to the store, or the store is being replaced.
     StoreVersionError
         A format version this graphstore does not read.
     StoreError
