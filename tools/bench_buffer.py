@@ -179,12 +179,15 @@ def child(spec: dict) -> None:
             "assemble_seconds": s.assemble_seconds, "stall_seconds": s.stall_seconds,
             "read_bytes_per_s": s.read_bandwidth, "first_state_wait_seconds": waits[0],
             "consumer_wait_seconds": sum(waits), "wall_seconds": time.perf_counter() - t_epoch,
+            "chunks_verified": s.chunks_verified, "segments_verified": s.segments_verified,
+            "unverified_reads": s.unverified_reads,
         })
     wall = time.perf_counter() - start
     io_after = _proc_io()
     total = {key: sum(ep[key] for ep in per_epoch) for key in (
         "states", "partitions_loaded", "swaps", "buckets_read", "requests", "bytes_read", "planned_bytes",
-        "read_seconds", "assemble_seconds", "stall_seconds", "consumer_wait_seconds")}
+        "read_seconds", "assemble_seconds", "stall_seconds", "consumer_wait_seconds", "chunks_verified",
+        "segments_verified", "unverified_reads")}
     Path(spec["out"]).write_text(json.dumps({
         **total, "read_bytes_per_s": total["bytes_read"] / max(total["read_seconds"], 1e-9),
         "wall_seconds": wall, "first_state_wait_seconds": per_epoch[0]["first_state_wait_seconds"],
@@ -287,7 +290,13 @@ def verify_cost(args, load_path: Path, states, cap: int, repeats: int) -> dict:
             raise RuntimeError(f"verified and unverified passes read different bytes: {on['bytes_read']} vs "
                                f"{off['bytes_read']}")
         cost = on["read_seconds"] / off["read_seconds"] - 1
+        if on["unverified_reads"] or not on["segments_verified"] or off["chunks_verified"]:
+            raise RuntimeError(f"the verified pass must check every read and the other none: {on['chunks_verified']} "
+                               f"chunks and {on['segments_verified']} segments checked, {on['unverified_reads']} "
+                               f"unchecked; unverified pass checked {off['chunks_verified']} chunks")
         runs.append({"verified_read_seconds": on["read_seconds"], "unverified_read_seconds": off["read_seconds"],
+                     "chunks_verified": on["chunks_verified"], "segments_verified": on["segments_verified"],
+                     "unverified_reads": on["unverified_reads"],
                      "verified_read_bytes_per_s": on["read_bytes_per_s"],
                      "unverified_read_bytes_per_s": off["read_bytes_per_s"], "bytes_read": on["bytes_read"],
                      "cost": cost, "first": "verified" if r % 2 == 0 else "unverified"})

@@ -52,6 +52,7 @@ from graphstore.buffer.cache import StaticCache
 from graphstore.buffer.memory import BufferMemory, SlotPlan, assign_slots, slots_needed
 from graphstore.buffer.resident import Bucket, ResidentGraph, assemble_resident_graph, fill_cache_rows
 from graphstore.errors import BufferClosedError, ConfigError, StoreWriteError
+from graphstore.layout._chunkio import ReadStats
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
 
@@ -93,6 +94,13 @@ class BufferStats:
     """Wall time spent writing back (loader and consumer)."""
     planned_bytes: int = 0
     """`planned_read_bytes` for the states and slots: the minimum this pass must read."""
+    chunks_verified: int = 0
+    """Whole chunks whose crc32c the reads checked (features, whole edge chunks, ...)."""
+    segments_verified: int = 0
+    """Edge buckets and node partitions checked against the store's segment checksums."""
+    unverified_reads: int = 0
+    """Reads of parts of chunks nothing checked: 0 unless the store predates segment
+    checksums (``graphstore upgrade`` adds them). Embedding chunks are checked on their own."""
 
     @property
     def read_bandwidth(self) -> float:
@@ -264,7 +272,8 @@ class _Loader:
         self.buckets: dict[tuple[int, int], Bucket] = memory.buckets  # held buckets outlive an epoch
         self.counts = dict(partitions_loaded=0, swaps=0, buckets_read=0, requests=0, bytes_read=0,
                            read_seconds=0.0, assemble_seconds=0.0, partitions_written=0,
-                           bytes_written=0, write_seconds=0.0)
+                           bytes_written=0, write_seconds=0.0, chunks_verified=0, segments_verified=0,
+                           unverified_reads=0)
         self.stop_requested: Callable[[], bool] = lambda: False
 
     def _count(self, seconds: float, **added: int) -> None:
@@ -280,8 +289,11 @@ class _Loader:
         if not requests:
             return []
         t0 = time.perf_counter()
-        got = self.store.read_many(requests)
-        self._count(time.perf_counter() - t0, requests=len(requests), bytes_read=sum(a.nbytes for a in got))
+        checked = ReadStats()
+        got = self.store.read_many(requests, stats=checked)
+        self._count(time.perf_counter() - t0, requests=len(requests), bytes_read=sum(a.nbytes for a in got),
+                    chunks_verified=checked.chunks_verified, segments_verified=checked.segments_verified,
+                    unverified_reads=checked.unverified_reads)
         return got
 
     def write_back(self, z: int) -> None:

@@ -28,7 +28,7 @@ from graphstore.errors import (
     StoreVersionError,
     UnverifiedReadsWarning,
 )
-from graphstore.layout._chunkio import ArrayLayout, shared_reader
+from graphstore.layout._chunkio import ArrayLayout, ReadStats, shared_reader
 from graphstore.layout._lock import StoreLock
 from graphstore.layout._segments import load_segment_tables
 from graphstore.layout.base import FORMAT_VERSION, MANIFEST_KEY, Manifest
@@ -280,7 +280,8 @@ class Store:
         """The lazy Zarr array ``name`` (e.g. ``"nodes/features"``); nothing is read yet."""
         return self._array(name)
 
-    def read_many(self, requests: Sequence[tuple[str, int, int, np.ndarray | None]]) -> list[np.ndarray]:
+    def read_many(self, requests: Sequence[tuple[str, int, int, np.ndarray | None]], *,
+                  stats: ReadStats | None = None) -> list[np.ndarray]:
         """Read several row ranges at once, straight from the chunk files.
 
         Each request is ``(array name, start, stop, out)``; ``out`` (shape
@@ -302,7 +303,11 @@ class Store:
         arrays = [(self._layout(name), int(lo), int(hi), out) for name, lo, hi, out in requests]
         outs = [out if out is not None else np.empty((max(0, hi - lo), *a.shape[1:]), a.dtype)
                 for a, lo, hi, out in arrays]
-        shared_reader().read_into([(a, lo, hi, out) for (a, lo, hi, _), out in zip(arrays, outs)])
+        done = shared_reader().read_into([(a, lo, hi, out) for (a, lo, hi, _), out in zip(arrays, outs)])
+        if stats is not None:
+            for name in ("chunks_verified", "segments_verified", "chunks_expanded", "unverified_reads",
+                         "partial_reads", "bytes_read"):
+                setattr(stats, name, getattr(stats, name) + getattr(done, name))
         return outs
 
     def read_rows(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:

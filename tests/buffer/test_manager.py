@@ -65,10 +65,10 @@ class RecordingStore(Store):
         super().__init__(path)
         self.log = []
 
-    def read_many(self, requests):
+    def read_many(self, requests, **options):
         for name, start, stop, _ in requests:
             self.before_read(name, slice(start, stop))
-        got = super().read_many(requests)
+        got = super().read_many(requests, **options)
         self.log.extend((name, start, stop, a.nbytes) for (name, start, stop, _), a in zip(requests, got))
         return got
 

@@ -257,3 +257,24 @@ def test_corrupt_state_still_writes_back_the_others(copy):
         np.testing.assert_array_equal(after[a:b, 0], before[a:b, 0] + 1.0)
     untouched = np.r_[store.partition_range(1)[1]:store.num_nodes]
     np.testing.assert_array_equal(after[untouched], before[untouched])
+
+
+def test_buffer_stats_count_what_was_verified(store_path, tmp_path):
+    store = graphstore.open(store_path)
+    states = [(0, 1, 2), (2, 3, 4), (4, 5, 0)]
+    with BufferManager(store, states) as buffer:
+        for _ in buffer:
+            pass
+    stats = buffer.stats
+    assert stats.unverified_reads == 0 and stats.segments_verified > 0
+    # The same pass over a store without segment checksums counts its unchecked reads.
+    legacy = tmp_path / "legacy.gs"
+    shutil.copytree(store_path, legacy)
+    shutil.rmtree(legacy / CHECKSUMS_GROUP)
+    with pytest.warns(UnverifiedReadsWarning):
+        old = graphstore.open(legacy)
+    with BufferManager(old, states) as buffer:
+        for _ in buffer:
+            pass
+    assert buffer.stats.unverified_reads > 0 and buffer.stats.segments_verified == 0
+    assert buffer.stats.bytes_read == stats.bytes_read
