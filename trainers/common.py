@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from graphstore.errors import ConfigError, GraphStoreError
+from graphstore.layout._durable import fsync_tree, write_atomically
 
 __all__ = [
     "Checkpointer", "MetricsWriter", "add_common_options", "byte_size", "epoch_seed", "fanout_list",
@@ -297,15 +298,10 @@ def _jsonable(value: Any) -> Any:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``: whole or not at all, and durable once returned."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(path, text.encode())
 
 
 class MetricsWriter:
@@ -348,6 +344,7 @@ class Checkpointer:
             torch.save(state, tmp / "state.pt")
             for key, source in (snapshots or {}).items():
                 shutil.copytree(source, tmp / key)
+            fsync_tree(tmp)  # on disk before the rename that makes it a checkpoint
             if final.exists():  # a rerun of this epoch (an earlier run's leftovers)
                 shutil.rmtree(final)
             os.replace(tmp, final)
@@ -400,18 +397,12 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], where: P
 
 
 def restore_directory(snapshot: Path, target: Path) -> None:
-    """Copy every file of ``snapshot`` over ``target`` file by file, each atomically
-    (temp + ``os.replace``), so a reader never sees a half-written chunk."""
+    """Copy every file of ``snapshot`` over ``target`` file by file, each atomically and
+    durably (temp, fsync, ``os.replace``), so a reader never sees a half-written chunk."""
     for source in sorted(p for p in snapshot.rglob("*") if p.is_file()):
         dest = target / source.relative_to(snapshot)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-        try:
-            shutil.copyfile(source, tmp)
-            os.replace(tmp, dest)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomically(dest, source.read_bytes())  # one chunk file: a partition at most
 
 
 # ---------------------------------------------------------------------- running
