@@ -197,7 +197,7 @@ class ArrayLayout:
     segment checksums). True: it is verified by `segments`, or read as the whole chunk."""
     device: int = -1
     """``st_dev`` of the array's directory: O_DIRECT is given up per filesystem, not per
-    reader, when one refuses it (tmpfs), so stores on other disks keep it."""
+    reader, when one refuses it (ramfs; tmpfs before Linux 6.6), so stores on other disks keep it."""
 
     @classmethod
     def of(cls, array: zarr.Array, *, path: str | os.PathLike | None = None,
@@ -759,7 +759,7 @@ class ChunkReader:
         except OSError as exc:
             if not (direct and exc.errno == errno.EINVAL):
                 raise
-            # A filesystem without O_DIRECT (tmpfs): buffered from now on, on that filesystem.
+            # A filesystem without O_DIRECT (ramfs; tmpfs before Linux 6.6): buffered from now on, on that filesystem.
             self._no_direct.add(job.layout.device)
             direct = False
             fd = os.open(path, flags)

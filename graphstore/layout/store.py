@@ -305,8 +305,7 @@ class Store:
                 for a, lo, hi, out in arrays]
         done = shared_reader().read_into([(a, lo, hi, out) for (a, lo, hi, _), out in zip(arrays, outs)])
         if stats is not None:
-            for name in ("chunks_verified", "segments_verified", "chunks_expanded", "unverified_reads",
-                         "partial_reads", "bytes_read"):
+            for name in ReadStats.__slots__:
                 setattr(stats, name, getattr(stats, name) + getattr(done, name))
         return outs
 
