@@ -343,7 +343,8 @@ class Checkpointer:
             tmp.mkdir()
             torch.save(state, tmp / "state.pt")
             for key, source in (snapshots or {}).items():
-                shutil.copytree(source, tmp / key)
+                # A write-back's temporary file is not part of the snapshot.
+                shutil.copytree(source, tmp / key, ignore=shutil.ignore_patterns(".*.tmp"))
             fsync_tree(tmp)  # on disk before the rename that makes it a checkpoint
             if final.exists():  # a rerun of this epoch (an earlier run's leftovers)
                 shutil.rmtree(final)

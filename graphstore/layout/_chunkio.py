@@ -267,6 +267,15 @@ class ArrayLayout:
     def _where(self, index: int) -> str:
         return f"{self.where}: {self.name} chunk {self.chunk_key(index)[2:]}"
 
+    def _holds(self, index: int) -> str:
+        """`` (partitions 2-3)``: what a chunk of a per-partition array holds, for messages."""
+        table = self.segments
+        if table is None or table.kind != "partitions":
+            return ""
+        c0 = index * self.chunk_rows
+        s0, s1 = table.overlapping(c0, min(c0 + self.chunk_rows, self.shape[0]))
+        return f" (partition {s0})" if s1 - s0 == 1 else f" (partitions {s0}-{s1 - 1})"
+
     def _chunk_span(self, lo: int, hi: int) -> str:
         """The chunk file(s) holding rows ``[lo, hi)``, for error messages."""
         first, last = lo // self.chunk_rows, max(lo, hi - 1) // self.chunk_rows
@@ -558,10 +567,7 @@ class ChunkReader:
                 futures = [self._pool.submit(self._read_piece, *piece) for piece in pieces]
             # zarr reads run here while the workers read the rest.
             for layout, lo, hi, out in fallbacks:
-                try:
-                    out[...] = layout.array[lo:hi]
-                except ValueError as exc:  # the crc32c codec's mismatch
-                    raise CorruptStoreError(f"{layout.where}: {layout.name} rows [{lo}, {hi}): {exc}") from None
+                _read_through_zarr(layout, lo, hi, out)
                 stats.fallback_requests += 1
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             error = next((f.exception() for f in done if f.exception() is not None), None)
@@ -728,7 +734,7 @@ class ChunkReader:
             stored = int.from_bytes(job.trailer[:TRAILER_BYTES], "little")
             if crc != stored:
                 raise CorruptStoreError(
-                    f"{layout._where(job.index)}: checksum mismatch "
+                    f"{layout._where(job.index)}{layout._holds(job.index)}: checksum mismatch "
                     f"(stored {stored:#010x}, computed {crc:#010x})"
                 )
             verified = 1
@@ -791,6 +797,35 @@ class ChunkReader:
             return total, direct
         finally:
             os.close(fd)
+
+
+def _read_through_zarr(layout: ArrayLayout, lo: int, hi: int, out: np.ndarray) -> None:
+    """Rows ``[lo, hi)`` of an array this module cannot read itself (compressed, ...).
+
+    zarr returns the fill value for a chunk whose file is missing, so the files are looked
+    for first: a deleted chunk must fail the read, not read as zeros. A checksum failure
+    is narrowed down to its chunk, so the message names the file.
+    """
+    array = layout.array
+    R = int(array.chunks[0]) if array.shape else 1
+    tail = (0,) * (len(array.shape) - 1)
+    chunks = range(lo // R, (hi - 1) // R + 1)
+    if layout.directory != Path("."):
+        for index in chunks:
+            key = array.metadata.encode_chunk_key((index, *tail))
+            if not (layout.directory / key).is_file():
+                raise CorruptStoreError(f"{layout.where}: {layout.name} chunk {key[2:]}: chunk file is missing")
+    try:
+        out[...] = array[lo:hi]
+    except ValueError:  # the crc32c codec's mismatch: find the chunk, for the message
+        for index in chunks:
+            try:
+                array[index * R : (index + 1) * R]
+            except ValueError:
+                key = array.metadata.encode_chunk_key((index, *tail))
+                raise CorruptStoreError(f"{layout.where}: {layout.name} chunk {key[2:]}: checksum mismatch "
+                                        "(read through zarr)") from None
+        raise
 
 
 def _check_segments(request: _Request) -> None:

@@ -41,7 +41,7 @@ import zarr
 from graphstore._version import __version__
 from graphstore.errors import ConfigError, SourceError, StoreExistsError, StoreWriteError
 from graphstore.layout._buckets import write_edges
-from graphstore.layout._durable import fsync_dir, fsync_tree
+from graphstore.layout._durable import exchange, fsync_dir, fsync_tree
 from graphstore.layout._features import write_features
 from graphstore.layout._lock import StoreLock
 from graphstore.layout._progress import progress_bar
@@ -124,12 +124,13 @@ def convert(source: str | os.PathLike | SourceGraph, out: str | os.PathLike,
     """
     opts = options or ConvertOptions()
     out_path = Path(out).absolute()
+    # First: a store a killed `--overwrite` moved aside is put back before anything else.
+    _remove_stale_temporaries(out_path)
     if out_path.exists() and not opts.overwrite:
         raise StoreExistsError(f"{out_path}: already exists (pass --overwrite to replace it)")
     # Nobody may have the old store open while it is replaced; refuse now, not at the end.
     lock = StoreLock(out_path, mode="replace") if opts.overwrite and out_path.is_dir() else None
     try:
-        _remove_stale_temporaries(out_path)
         tmp = out_path.parent / f".{out_path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
         out_path.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
@@ -153,14 +154,24 @@ def convert(source: str | os.PathLike | SourceGraph, out: str | os.PathLike,
 
 
 def _remove_stale_temporaries(out_path: Path) -> None:
-    """Delete temporaries of earlier conversions to this output whose process is gone."""
+    """Delete temporaries of earlier conversions to this output whose process is gone.
+
+    One exception: an ``.old`` directory (a replaced store, kept until the new one is in
+    place) of a dead process while no store is at ``out_path`` means that process died
+    between its two renames (only where an atomic exchange was not available): that is
+    the store the user had, so it is put back, not deleted.
+    """
     if not out_path.parent.is_dir():
         return
-    for entry in out_path.parent.glob(f".{out_path.name}.tmp-*"):
+    for entry in sorted(out_path.parent.glob(f".{out_path.name}.tmp-*")):
         pid_text = entry.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
         try:
             os.kill(int(pid_text), 0)
         except (ValueError, ProcessLookupError):
+            if entry.name.endswith(".old") and not out_path.exists():
+                os.replace(entry, out_path)
+                log.warning("%s: restored the store a killed `convert --overwrite` had moved aside", out_path)
+                continue
             shutil.rmtree(entry, ignore_errors=True)
         except PermissionError:
             pass  # alive, someone else's
@@ -170,6 +181,13 @@ def _move_into_place(tmp: Path, out_path: Path, *, overwrite: bool) -> None:
     if out_path.exists():
         if not overwrite:  # appeared while we converted
             raise StoreExistsError(f"{out_path}: already exists (pass --overwrite to replace it)")
+        if exchange(tmp, out_path):
+            # One atomic step: out_path is the old store or the new one at every moment;
+            # tmp now holds the old one (a kill before the rmtree leaves it as a stale
+            # temporary, which the next conversion deletes).
+            fsync_dir(out_path.parent)
+            shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+            return
         old = tmp.with_name(tmp.name + ".old")
         os.replace(out_path, old)
         os.replace(tmp, out_path)

@@ -8,10 +8,36 @@ itself is durable.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import os
 from pathlib import Path
 
-__all__ = ["fsync_dir", "fsync_tree", "write_atomically"]
+__all__ = ["exchange", "fsync_dir", "fsync_tree", "write_atomically"]
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Swap the paths ``a`` and ``b`` in one atomic step (Linux ``renameat2`` with
+    ``RENAME_EXCHANGE``): at every moment each path names one of the two, so replacing a
+    directory never passes through a moment where neither is there. Returns False where
+    the kernel, the C library or the filesystem cannot (the caller falls back to renames).
+    """
+    libc_name = ctypes.util.find_library("c")
+    try:
+        renameat2 = ctypes.CDLL(libc_name, use_errno=True).renameat2
+    except (OSError, AttributeError, TypeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(b))
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

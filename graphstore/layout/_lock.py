@@ -2,20 +2,20 @@
 
 Two locks, so that readers never wait for a writer and a writer never waits for readers::
 
-    OUT.gs/               the directory itself: every process that has the store open
-                          holds a shared lock on it; `convert --overwrite` takes it
-                          exclusively, so it cannot replace a store that someone has open
-    OUT.gs/.writer.lock   an empty file: a writer (mode "r+", embedding write-back,
-                          `graphstore upgrade`, `convert --overwrite`) holds it exclusively;
-                          the holder writes its pid into it, for the error a second
-                          writer gets
+    OUT.gs/          the store directory: every process that has the store open holds a
+                     shared lock on it; `convert --overwrite` takes it exclusively, so it
+                     cannot replace a store that someone has open
+    OUT.gs/nodes/    a directory every store has: a writer (mode "r+", embedding
+                     write-back, `graphstore upgrade`, `convert --overwrite`) holds it
+                     exclusively. A directory, not a lock file, so the store holds
+                     nothing zarr does not recognise (zarr warns about unknown files)
 
 Every attempt is non-blocking: a lock that is held is refused at once with
-`StoreLockedError`, naming the path and the holding process (read from ``/proc/locks``
-where the kernel lists it, else from the pid the writer left in the file). ``flock`` locks
-belong to the open file, so the kernel drops them when their process exits, however it
-exits (kill -9 included): nothing stale is left for a person to clean up. The locks are
-advisory: they order graphstore's own processes, not arbitrary programs.
+`StoreLockedError`, naming the path and the holding process (from ``/proc/locks``, where
+the kernel lists every flock with its pid). ``flock`` locks belong to the open file, so
+the kernel drops them when their process exits, however it exits (kill -9 included):
+nothing stale to clean up, and taking them writes nothing, so read-only media work. The
+locks are advisory: they order graphstore's own processes, not arbitrary programs.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from pathlib import Path
 
 from graphstore.errors import StoreLockedError
 
-__all__ = ["WRITER_LOCK_NAME", "StoreLock"]
+__all__ = ["WRITER_LOCK_DIR", "StoreLock"]
 
-WRITER_LOCK_NAME = ".writer.lock"
-"""The writer lock's file, inside the store directory."""
+WRITER_LOCK_DIR = "nodes"
+"""The directory inside the store whose flock is the writer lock."""
 
 _MODES = ("read", "write", "replace")
 
@@ -56,8 +56,8 @@ class StoreLock:
 
     Examples
     --------
-    >>> import tempfile
-    >>> d = tempfile.mkdtemp()
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp(); os.mkdir(os.path.join(d, "nodes"))
     >>> a = StoreLock(d, mode="write")
     >>> b = StoreLock(d, mode="read")          # readers do not wait for the writer
     >>> StoreLock(d, mode="write")             # doctest: +IGNORE_EXCEPTION_DETAIL
@@ -81,28 +81,30 @@ class StoreLock:
             self.release()
             raise
 
-    def _lock_directory(self, *, exclusive: bool) -> None:
-        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    def _open_directory(self, path: Path) -> int:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._fds.append(fd)
+        return fd
+
+    def _lock_directory(self, *, exclusive: bool) -> None:
+        fd = self._open_directory(self.path)
         if _try_flock(fd, exclusive=exclusive):
             return
-        who = _who(_holder(fd) or _writer_pid(self.path))
+        who = _who(_holder(fd))
         if exclusive:
             raise StoreLockedError(f"{self.path}: the store is open in another process{who}; "
                                    "close it before replacing the store")
         raise StoreLockedError(f"{self.path}: the store is being replaced by another process{who}")
 
     def _lock_writer(self) -> None:
-        lock_path = self.path / WRITER_LOCK_NAME
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        self._fds.append(fd)
+        try:
+            fd = self._open_directory(self.path / WRITER_LOCK_DIR)
+        except FileNotFoundError:  # not a store (yet): the directory lock alone guards it
+            return
         if not _try_flock(fd, exclusive=True):
-            who = _who(_holder(fd) or _writer_pid(self.path))
+            who = _who(_holder(fd))
             raise StoreLockedError(f"{self.path}: another process is writing to this store{who}; "
                                    "one writer at a time (open it with mode='r' to read)")
-        # The pid, for a refused writer's message where /proc/locks is not available.
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
     @property
     def held(self) -> bool:
@@ -156,9 +158,3 @@ def _who(pid: int | None) -> str:
     return f" (pid {pid}, this process)" if pid == os.getpid() else f" (pid {pid})"
 
 
-def _writer_pid(path: Path) -> int | None:
-    try:
-        text = (path / WRITER_LOCK_NAME).read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None

@@ -33,7 +33,7 @@ import zarr
 
 from graphstore.errors import CorruptStoreError
 from graphstore.layout._arrays import new_array
-from graphstore.layout._chunkio import ArrayLayout, ChunkReader, SegmentTable
+from graphstore.layout._chunkio import ArrayLayout, ChunkReader, SegmentTable, shared_reader
 from graphstore.layout._durable import fsync_tree
 
 __all__ = ["CHECKSUMS_GROUP", "load_segment_tables", "segment_arrays", "segment_crcs", "write_segment_checksums"]
@@ -161,13 +161,14 @@ def load_segment_tables(root: zarr.Group, where: str, *, num_partitions: int, pa
     if not isinstance(record, dict) or record.get("version") != _VERSION:
         return None
     tables = {}
+    reader = shared_reader()
     for name, kind in dict(record.get("arrays", {})).items():
         try:
-            crcs = np.asarray(group[name][...], dtype=np.uint32)
+            array = group[name]
         except KeyError:
             raise CorruptStoreError(f"{where}: {CHECKSUMS_GROUP}/{name} is missing") from None
-        except ValueError as exc:  # the table's own crc32c codec
-            raise CorruptStoreError(f"{where}: {CHECKSUMS_GROUP}/{name}: {exc}") from None
+        # Whole chunks, each verified by its own crc32c (a missing file fails too).
+        crcs, _ = reader.read(ArrayLayout.of(array, name=f"{CHECKSUMS_GROUP}/{name}"), 0, array.shape[0])
         bounds = _bounds(kind, num_rows=root[name].shape[0], partition_size=partition_size,
                          num_partitions=num_partitions, bucket_offsets=bucket_offsets)
         if len(crcs) != len(bounds) - 1:

@@ -13,8 +13,10 @@ write is a single ``os.replace`` of a fully written temporary file, which is ato
 POSIX file systems, so a reader (another process, or `verify`) sees the old partition or
 the new one, never half of each; the file is fsynced before the rename and the directory
 after it, so a written-back partition survives a crash. Writing needs the store opened
-with mode ``"r+"`` (which holds its writer lock: one writer at a time). zarr 3.1 itself writes a chunk in place, which a
-concurrent reader could catch half-written, so writes bypass zarr; the bytes are exactly
+with mode ``"r+"`` (which holds its writer lock: one writer at a time); opening the table
+there removes the temporary files of writers killed mid-write. zarr 3.1 itself writes a
+chunk in place, which a concurrent reader could catch half-written, so writes bypass zarr;
+the bytes are exactly
 what zarr would write (raw little-endian rows, zero-padded to P rows, then the crc32c of
 those bytes as a little-endian uint32), so zarr and `graphstore verify` read them as usual.
 
@@ -25,6 +27,7 @@ any one per-coordinate tensor there.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import crc32c
@@ -76,6 +79,17 @@ class EmbeddingTable:
         self.dim = int(array.shape[2])
         self.attrs = dict(array.attrs.get(_ATTRS_KEY, {}))
         self._array = array
+        if store.mode == "r+":
+            self._remove_dead_writers_temporaries()
+
+    def _remove_dead_writers_temporaries(self) -> None:
+        """A writer killed mid-write leaves its temporary file (the partition itself is
+        intact: the rename never happened). We hold the writer lock, so no other process
+        writes: every temporary not of this process is such a leftover."""
+        mine = f".{os.getpid()}.tmp"
+        for tmp in (self.path / "c").glob("*/0/.*.tmp"):
+            if not tmp.name.endswith(mine):
+                tmp.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ creation
 

@@ -21,7 +21,6 @@ import zarr.errors
 
 from graphstore.errors import (
     ConfigError,
-    CorruptStoreError,
     ReadOnlyStoreError,
     StoreError,
     StoreNotFoundError,
@@ -117,7 +116,7 @@ class Store:
         self._arrays: dict[str, zarr.Array] = {}
         self._id_cache: dict[str, np.ndarray] = {}
         self._check_arrays()
-        self.bucket_offsets: np.ndarray = self._zarr_read("edges/bucket_offsets")
+        self.bucket_offsets: np.ndarray = self._read_whole("edges/bucket_offsets")
         """[p*p+1] int64: see `bucket_range`."""
         self._layouts: dict[str, ArrayLayout] = {}
         self._layout_lock = threading.Lock()
@@ -198,14 +197,15 @@ class Store:
             self._arrays[name] = arr
         return arr
 
-    def _zarr_read(self, name: str) -> np.ndarray:
-        """All of array ``name`` through zarr, which checks every chunk's crc32c."""
-        try:
-            return self._array(name)[...]
-        except ValueError as exc:  # the crc32c codec's mismatch
-            raise CorruptStoreError(f"{self.path}: {name}: {exc}") from None
-        except FileNotFoundError as exc:
-            raise CorruptStoreError(f"{self.path}: {name}: a chunk file is missing ({exc})") from None
+    def _read_whole(self, name: str) -> np.ndarray:
+        """All of array ``name``, whole chunks, each checked (a missing file included).
+
+        For the small arrays read whole (bucket offsets, splits); it does not need the
+        segment tables, so it works before they are loaded.
+        """
+        array = self._array(name)
+        out, _ = shared_reader().read(ArrayLayout.of(array, name=name), 0, array.shape[0])
+        return out
 
     def _layout(self, name: str) -> ArrayLayout:
         """How `read_many` reads ``name``: its chunk files, plus its segment checksums."""
@@ -393,7 +393,7 @@ class Store:
         """[n] store ids (ascending) of node split ``name``."""
         if self._split_kind(name) != "nodes":
             raise ConfigError(f"split {name!r} is an edge split; use read_edge_split")
-        return self._zarr_read(f"splits/nodes/{name}")
+        return self._read_whole(f"splits/nodes/{name}")
 
     def read_edge_split(self, name: str) -> EdgeSplit:
         """Edge split ``name`` in store ids (negatives as shipped, or None)."""
@@ -403,7 +403,7 @@ class Store:
         members = set(group.array_keys())
 
         def get(key: str) -> np.ndarray | None:
-            return self._zarr_read(f"splits/edges/{name}/{key}") if key in members else None
+            return self._read_whole(f"splits/edges/{name}/{key}") if key in members else None
 
         return EdgeSplit(src=get("src"), dst=get("dst"), rel=get("rel"),
                          neg_src=get("neg_src"), neg_dst=get("neg_dst"))

@@ -278,3 +278,40 @@ def test_buffer_stats_count_what_was_verified(store_path, tmp_path):
             pass
     assert buffer.stats.unverified_reads > 0 and buffer.stats.segments_verified == 0
     assert buffer.stats.bytes_read == stats.bytes_read
+
+
+@pytest.mark.parametrize("name", ["edges/bucket_offsets", "splits/nodes/train"])
+def test_missing_chunk_of_an_array_read_whole_is_an_error_not_zeros(copy, name):
+    """zarr reads a missing chunk as the fill value; the store must not."""
+    (copy / name / "c" / "0").unlink()
+    with pytest.raises(CorruptStoreError, match=rf"{name} chunk 0: chunk file is missing"):
+        graphstore.open(copy).read_node_split("train")
+
+
+def test_missing_or_damaged_chunk_of_a_compressed_store(tmp_path):
+    graph, _ = make_graph(num_nodes=300, num_edges=1200, feature_dim=4)
+    out = tmp_path / "z.gs"
+    convert(graph, out, ConvertOptions(num_partitions=3, compress=True))
+    store = graphstore.open(out)
+    assert not store._layout("nodes/features").fast  # read through zarr
+    features = store.read_features(1)
+    (out / "nodes" / "features" / "c" / "0" / "0").unlink()
+    with pytest.raises(CorruptStoreError, match=r"nodes/features chunk 0/0: chunk file is missing"):
+        graphstore.open(out).read_features(1)
+    assert features.any()
+
+
+def test_a_replaced_store_moved_aside_by_a_killed_convert_is_restored(tmp_path):
+    """Where the atomic exchange is not available, --overwrite renames the old store aside
+    first; a kill between the two renames must not cost the user that store."""
+    out = tmp_path / "g.gs"
+    graph, _ = make_graph(num_nodes=100, num_edges=300, feature_dim=0)
+    convert(graph, out, ConvertOptions(num_partitions=2))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    aside = tmp_path / f".g.gs.tmp-{dead}-abcd1234.old"
+    out.rename(aside)
+    small, _ = make_graph(num_nodes=50, num_edges=100, feature_dim=0)
+    with pytest.raises(graphstore.StoreExistsError):  # it is back, so a plain convert refuses
+        convert(small, out, ConvertOptions(num_partitions=2))
+    assert graphstore.open(out).num_nodes == 100 and not aside.exists()

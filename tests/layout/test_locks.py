@@ -137,3 +137,23 @@ def test_read_only_store_never_writes(copy):
     np.testing.assert_array_equal(EmbeddingTable.open(store).read_partition(1), before)
     with pytest.raises(ReadOnlyStoreError, match="the store is closed"):
         EmbeddingTable(writable).write_partition(1, before)
+
+
+def test_a_killed_writers_temporary_files_are_removed_by_the_next_writer(copy):
+    store = graphstore.open(copy, mode="r+")
+    table = EmbeddingTable.create(store, 4, seed=0)
+    before = table.read_all()
+    leftover = table.chunk_path(1).with_name(".0.999999.tmp")  # as a kill -9 mid-write leaves it
+    leftover.write_bytes(b"half a partition")
+    mine = table.chunk_path(2).with_name(f".0.{os.getpid()}.tmp")  # this process's: in flight
+    mine.write_bytes(b"")
+    store.close()
+    reader = graphstore.open(copy)
+    EmbeddingTable.open(reader)  # a reader never deletes anything
+    assert leftover.exists()
+    reader.close()
+    writer = graphstore.open(copy, mode="r+")
+    table = EmbeddingTable.open(writer)
+    assert not leftover.exists() and mine.exists()
+    np.testing.assert_array_equal(table.read_all(), before)
+    writer.close()
