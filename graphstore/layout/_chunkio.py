@@ -470,6 +470,9 @@ class ChunkReader:
         self.drop_cache = drop_cache and hasattr(os, "posix_fadvise")
         self.verify = verify
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
+        # Checksums run on threads of their own, so a reader thread goes straight on to
+        # its next read: the disk's queue stays full while crc32c runs (it releases the GIL).
+        self._verify_pool = ThreadPoolExecutor(2, thread_name_prefix=f"{name}-verify")
         self._lock = threading.Lock()
         self._no_direct: set[int] = set()
         """Devices (``st_dev``) that refused O_DIRECT: read buffered from then on."""
@@ -573,16 +576,24 @@ class ChunkReader:
             error = next((f.exception() for f in done if f.exception() is not None), None)
             if error is not None:
                 raise error
+            finishing = [f.result()[2] for f in futures if f.result()[2] is not None]
+            done, _ = wait(finishing, return_when=FIRST_EXCEPTION)
+            error = next((f.exception() for f in done if f.exception() is not None), None)
+            if error is not None:
+                raise error
         except BaseException:
             for f in futures:
                 f.cancel()
             wait(futures)
+            # A job's finish copies into ``out``: none may still run once this returns.
+            wait([f.result()[2] for f in futures
+                  if not f.cancelled() and f.exception() is None and f.result()[2] is not None])
             raise
         for f in futures:
-            got, direct_bytes, verified = f.result()
+            got, direct_bytes, finish = f.result()
             stats.bytes_read += got
             stats.direct_bytes += direct_bytes
-            stats.chunks_verified += verified
+            stats.chunks_verified += finish.result() if finish is not None else 0
         stats.file_reads += len(pieces)
         stats.partial_reads += sum(not job.whole for job in jobs)
         stats.chunks_expanded += sum(job.whole and job.copy is not None for job in jobs)
@@ -598,6 +609,7 @@ class ChunkReader:
                 return
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._verify_pool.shutdown(wait=True)
 
     def __enter__(self) -> ChunkReader:
         return self
@@ -711,8 +723,12 @@ class ChunkReader:
     # ------------------------------------------------------------------ workers
 
     def _read_piece(self, job: _ChunkJob, offset: int, views: list[memoryview],
-                    wanted: int) -> tuple[int, int, int]:
-        """Read one piece; returns (bytes read, of them direct, chunks verified)."""
+                    wanted: int) -> tuple[int, int, Future | None]:
+        """Read one piece; returns (bytes read, of them direct, the job's finish or None).
+
+        The reader of a job's last piece hands the rest of the job (checksum, copy out of
+        scratch, the request's segment checks) to the verifier threads and returns.
+        """
         layout = job.layout
         got, direct = self._pread(job, views, offset)
         if got < wanted:
@@ -726,8 +742,19 @@ class ChunkReader:
         with self._lock:
             job.pending -= 1
             last = job.pending == 0
+        finish = None
+        if last and (job.copy is not None or job.request is not None
+                     or (job.trailer is not None and self.verify)):
+            finish = self._verify_pool.submit(self._finish_job, job)
+        return got, got if direct else 0, finish
+
+    def _finish_job(self, job: _ChunkJob) -> int:
+        """Once a job's bytes are in: verify its chunk's checksum, copy rows out of scratch,
+        and check the request's segments if this was its last job. Returns 1 for a chunk
+        verified, else 0."""
+        layout = job.layout
         verified = 0
-        if last and job.trailer is not None and self.verify:
+        if job.trailer is not None and self.verify:
             crc = 0
             for view in job.data_views:
                 crc = crc32c.crc32c(view, crc)
@@ -738,17 +765,17 @@ class ChunkReader:
                     f"(stored {stored:#010x}, computed {crc:#010x})"
                 )
             verified = 1
-        if last and job.copy is not None:
+        if job.copy is not None:
             dest, source = job.copy
             dest[:] = source
         request = job.request
-        if last and request is not None:
+        if request is not None:
             with self._lock:
                 request.pending -= 1
                 done = request.pending == 0
             if done:  # every byte of the request is in: check its segments
                 _check_segments(request)
-        return got, got if direct else 0, verified
+        return verified
 
     def _pread(self, job: _ChunkJob, views: list[memoryview], offset: int) -> tuple[int, bool]:
         """preadv into ``views`` from ``offset`` until they are full or the file ends.
