@@ -156,7 +156,7 @@ def _detect_names(names: list[str]) -> str | None:
 
 
 def _undetected(path: str, seen: list[str]) -> SourceError:
-    shown = ", ".join(sorted(seen)[:8]) + (", ..." if len(seen) > 8 else "")
+    shown = _io.show_names(sorted(seen)[:8]) + (", ..." if len(seen) > 8 else "")
     return SourceError(
         f"{path}: cannot tell the source format (found: {shown or 'nothing'}); pass --format "
         f"({', '.join(available_formats())})"

@@ -13,10 +13,11 @@ import os
 import re
 import tarfile
 import tempfile
+import tokenize
 import warnings
 import zipfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
@@ -27,11 +28,16 @@ import pandas as pd
 from graphstore.errors import SourceError, SourceNotFoundError
 
 __all__ = [
+    "ARCHIVE_ERRORS",
     "EDGE_CHUNK_ROWS",
     "FEATURE_CHUNK_BYTES",
+    "MAX_CLASS_ID",
+    "MAX_NUM_NODES",
+    "NPY_ERRORS",
     "Int64Spill",
     "NpyMember",
     "ReadContext",
+    "class_ids",
     "count_columns",
     "dataset_name",
     "extract_archive",
@@ -47,7 +53,10 @@ __all__ = [
     "list_archive",
     "names_under",
     "npz_members",
+    "one_line",
+    "printable",
     "read_csv_all",
+    "show_names",
     "single_root",
     "spill_dir",
 ]
@@ -63,6 +72,63 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 _NAME_SUFFIXES = (*ARCHIVE_SUFFIXES, ".gz", ".npz", ".txt", ".csv", ".tsv", ".edges", ".el")
 _INT_RE = re.compile(r"[+-]?\d+")
 _INT64_MAX = np.iinfo(np.int64).max
+ARCHIVE_ERRORS: tuple[type[BaseException], ...] = (
+    zipfile.BadZipFile, tarfile.TarError, zlib.error, EOFError, OSError, ValueError,
+    NotImplementedError, RuntimeError,
+)
+"""What `zipfile`, `tarfile` and `gzip` raise for a damaged archive. Flipped flag bits in
+a zip directory read as an unsupported method or version (NotImplementedError) or as
+encryption (RuntimeError)."""
+NPY_ERRORS: tuple[type[BaseException], ...] = (
+    *ARCHIVE_ERRORS, SyntaxError, tokenize.TokenError, MemoryError,
+)
+"""What numpy's ``.npy``/``.npz`` loading raises for a damaged file: an ``.npz`` is a zip
+(`ARCHIVE_ERRORS`), and a header is a Python literal parsed with `tokenize` and `ast`."""
+MAX_NUM_NODES = 1 << 40
+"""Largest node count a source may declare (about 10**12, 10**4 times ogbn-papers100M).
+A count file says N before any per-node data is read, and the reader and converter then
+size [N] files by it: a damaged count must not become an 8-exabyte allocation."""
+MAX_CLASS_ID = int(np.iinfo(np.int32).max) - 1
+"""Largest class (or relation) id a source may use: the store keeps labels and relation
+ids as int32, and the count (largest id + 1) must fit as well."""
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def printable(text: str) -> str:
+    """``text`` as is, or its ``repr`` if it holds control characters (a damaged file's
+    names must not break a one-line message).
+
+    Examples
+    --------
+    >>> printable("edge_index"), printable("a\\rb")
+    ('edge_index', "'a\\\\rb'")
+    """
+    return text if text.isprintable() else repr(text)
+
+
+def show_names(items) -> str:
+    """Names found in a file (archive members, array keys) for a message: sorted, printable."""
+    return ", ".join(printable(str(item)) for item in sorted(items, key=str))
+
+
+def one_line(error: BaseException | str, limit: int = 200) -> str:
+    """A low-level error's text as one short line, for the tail of a `SourceError`.
+
+    Library messages (zlib, pickle, torch) may span lines or carry terminal colours; the
+    command line prints a `SourceError` as exactly one line, so both go.
+
+    Examples
+    --------
+    >>> one_line(ValueError("bad\\n  header"))
+    'bad header'
+    >>> one_line(EOFError())
+    'EOFError'
+    """
+    text = _ANSI_ESCAPE.sub("", str(error))
+    text = " ".join(text.split())
+    if not text and isinstance(error, BaseException):
+        text = type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -110,6 +176,50 @@ def dataset_name(origin: str) -> str:
                 name, stripped = name[: -len(suffix)], True
                 break
     return name
+
+
+def class_ids(values: np.ndarray, describe: Callable[[int], str]) -> np.ndarray:
+    """Numeric labels as int64 class ids; NaN (and -1) mean unlabeled.
+
+    Parameters
+    ----------
+    values : [n] numeric array
+        Class ids as read (float when the source marks unlabeled nodes with NaN).
+    describe : callable
+        ``describe(i)`` names entry ``i`` in messages, e.g. ``"raw/node-label.csv.gz line 3"``.
+
+    Returns
+    -------
+    [n] int64 array
+        Ids in ``[-1, MAX_CLASS_ID]``.
+
+    Raises
+    ------
+    SourceError
+        The first entry that is not an integer in ``[-1, MAX_CLASS_ID]`` (1.5, inf, -2, 2**40).
+
+    Examples
+    --------
+    >>> class_ids(np.array([0.0, np.nan, 2.0]), lambda i: f"row {i}").tolist()
+    [0, -1, 2]
+    """
+    values = np.asarray(values).reshape(-1)
+    if values.dtype.kind == "f":
+        unlabeled = np.isnan(values)
+        ok = unlabeled | ((values == np.round(values)) & (values >= -1) & (values <= MAX_CLASS_ID))
+    elif values.dtype.kind in "biu":
+        unlabeled = np.zeros(len(values), dtype=bool)
+        ok = (values >= -1) & (values <= MAX_CLASS_ID)
+    else:
+        raise SourceError(f"{describe(0)}: class ids must be numbers, got dtype {values.dtype}")
+    bad = np.flatnonzero(~ok)
+    if len(bad):
+        raise SourceError(
+            f"{describe(int(bad[0]))}: {values[bad[0]]} is not a class id "
+            f"(an integer in [-1, {MAX_CLASS_ID}]; -1 = unlabeled)"
+        )
+    # Checked above: every value left is an integer in range, so the cast is exact.
+    return np.where(unlabeled, -1, values).astype(np.int64)
 
 
 # --------------------------------------------------------------------------- text files
@@ -166,17 +276,28 @@ def _field_problem(value: str, kind: str, column: int) -> str | None:
 
 
 def iter_data_lines(
-    path: Path, *, comment: str | None, skip_blank: bool
+    path: Path, *, comment: str | None, skip_blank: bool, display: str | None = None
 ) -> Iterator[tuple[int, int, str]]:
-    """Yield ``(line_number, data_row, text)`` the way pandas counts data rows."""
+    """Yield ``(line_number, data_row, text)`` the way pandas counts data rows.
+
+    Raises
+    ------
+    SourceError
+        ``"<display>: cannot read (...)"`` for a damaged gzip stream (``display``
+        defaults to the path).
+    """
     row = 0
-    with _open_text(path) as f:
-        for lineno, raw in enumerate(f, start=1):
-            text = _strip_line(raw, comment)
-            if skip_blank and not text.strip():
-                continue
-            yield lineno, row, text
-            row += 1
+    try:
+        with _open_text(path) as f:
+            for lineno, raw in enumerate(f, start=1):
+                text = _strip_line(raw, comment)
+                if skip_blank and not text.strip():
+                    continue
+                yield lineno, row, text
+                row += 1
+    except (OSError, EOFError, zlib.error) as e:
+        # gzip raises all three for a damaged stream (BadGzipFile is an OSError).
+        raise SourceError(f"{display or path}: cannot read ({one_line(e)})") from None
 
 
 def _locate_problem(
@@ -190,6 +311,7 @@ def _locate_problem(
     skip_blank: bool,
     rows: np.ndarray | None = None,
     usecols: tuple[int, ...] | None = None,
+    display: str | None = None,
 ) -> tuple[int, str] | None:
     """First ``(line, problem)`` at data row >= ``first_row`` (restricted to ``rows``).
 
@@ -197,7 +319,7 @@ def _locate_problem(
     """
     wanted = None if rows is None else set(int(r) for r in rows)
     last = None if rows is None else int(rows.max())
-    for lineno, row, text in iter_data_lines(path, comment=comment, skip_blank=skip_blank):
+    for lineno, row, text in iter_data_lines(path, comment=comment, skip_blank=skip_blank, display=display):
         if row < first_row or (wanted is not None and row not in wanted):
             if last is not None and row > last:
                 return None
@@ -225,19 +347,18 @@ def count_columns(
     """Number of fields on the first data line of a (possibly gzipped) text file; 0 if empty."""
     path = Path(path)
     _check_exists(path, display)
-    try:
-        for _, _, text in iter_data_lines(path, comment=comment, skip_blank=True):
-            return len(_split_fields(text, sep))
-    except (OSError, EOFError, zlib.error) as e:
-        raise SourceError(f"{display}: cannot read ({e})") from None
+    for _, _, text in iter_data_lines(path, comment=comment, skip_blank=True, display=display):
+        return len(_split_fields(text, sep))
     return 0
 
 
 def find_data_line(
-    path: str | os.PathLike, row: int, *, comment: str | None = None, skip_blank: bool = True
+    path: str | os.PathLike, row: int, *, comment: str | None = None, skip_blank: bool = True,
+    display: str | None = None,
 ) -> int:
     """Line number (1-based) of data row ``row``: used to name a bad edge after the fact."""
-    for lineno, r, _ in iter_data_lines(Path(path), comment=comment, skip_blank=skip_blank):
+    for lineno, r, _ in iter_data_lines(Path(path), comment=comment, skip_blank=skip_blank,
+                                        display=display):
         if r == row:
             return lineno
     return -1
@@ -294,7 +415,7 @@ def iter_csv(
     dtype = np.dtype(dtype)
     kind = "int" if dtype.kind in "iu" else ("float_or_empty" if missing_ok else "float")
     locate = dict(ncols=ncols, kind=kind, sep=sep, comment=comment, skip_blank=skip_blank,
-                  usecols=usecols)
+                  usecols=usecols, display=display)
     width = ncols if usecols is None else len(usecols)
 
     def fail(first_row: int, detail: str, rows: np.ndarray | None = None) -> SourceError:
@@ -323,10 +444,10 @@ def iter_csv(
         )
     except pd.errors.EmptyDataError:
         return
-    except (UnicodeDecodeError, pd.errors.ParserError, ValueError, OverflowError) as e:
-        raise fail(0, str(e)) from None
+    except (UnicodeDecodeError, pd.errors.ParserError, ValueError, OverflowError, TypeError) as e:
+        raise fail(0, one_line(e)) from None
     except (OSError, EOFError, zlib.error) as e:
-        raise SourceError(f"{display}: cannot read ({e})") from None
+        raise SourceError(f"{display}: cannot read ({one_line(e)})") from None
 
     row = 0
     with reader:
@@ -335,15 +456,20 @@ def iter_csv(
                 with warnings.catch_warnings():
                     # pandas only warns (and drops data) when the first line is too long.
                     warnings.simplefilter("error", pd.errors.ParserWarning)
+                    # "inf" in an integer column: numpy warns about the cast before pandas
+                    # raises TypeError, which is reported below with its line.
+                    warnings.simplefilter("ignore", RuntimeWarning)
                     frame = next(reader)
             except StopIteration:
                 return
             except UnicodeDecodeError as e:
-                raise SourceError(f"{display}: not UTF-8 text ({e})") from None
-            except (pd.errors.ParserError, pd.errors.ParserWarning, ValueError, OverflowError) as e:
-                raise fail(row, str(e).strip().splitlines()[-1]) from None
+                raise SourceError(f"{display}: not UTF-8 text ({one_line(e)})") from None
+            except (pd.errors.ParserError, pd.errors.ParserWarning, ValueError, OverflowError,
+                    TypeError) as e:
+                lines = str(e).strip().splitlines()
+                raise fail(row, one_line(lines[-1] if lines else e)) from None
             except (OSError, EOFError, zlib.error) as e:
-                raise SourceError(f"{display}: cannot read ({e})") from None
+                raise SourceError(f"{display}: cannot read ({one_line(e)})") from None
             if frame.shape[1] != width:
                 raise fail(row, f"expected {ncols} columns, got {frame.shape[1]}")
             values = frame.to_numpy(dtype=dtype)
@@ -520,9 +646,26 @@ def _read_npy_header(f: IO[bytes], display: str) -> tuple[tuple[int, ...], bool,
             return np.lib.format.read_array_header_1_0(f)
         if version == (2, 0):
             return np.lib.format.read_array_header_2_0(f)
-    except (ValueError, OSError, EOFError) as e:
-        raise SourceError(f"{display}: not a .npy array ({e})") from None
+    except NPY_ERRORS as e:
+        raise SourceError(f"{display}: not a .npy array ({one_line(e)})") from None
     raise SourceError(f"{display}: .npy format version {version} is not supported (1.0, 2.0)")
+
+
+def _check_npy_size(shape: tuple[int, ...], dtype: np.dtype, available: int, display: str) -> None:
+    """Refuse a header whose shape needs more data than the member holds.
+
+    Checked before anything is allocated: a damaged header can promise terabytes.
+    """
+    if any(int(s) < 0 for s in shape):
+        raise SourceError(f"{display}: negative dimension in shape {tuple(shape)}")
+    if dtype.hasobject:
+        return  # pickled: its size says nothing, and it is never read anyway
+    need = int(np.prod([int(s) for s in shape], dtype=object)) * dtype.itemsize
+    if need > available:
+        raise SourceError(
+            f"{display}: truncated: shape {tuple(shape)} of {dtype} needs {need} bytes of data, "
+            f"the member holds {max(available, 0)}"
+        )
 
 
 def npz_members(path: str | os.PathLike, *, display: str) -> dict[str, NpyMember]:
@@ -541,6 +684,7 @@ def npz_members(path: str | os.PathLike, *, display: str) -> dict[str, NpyMember
                 key = info.filename[: -len(".npy")]
                 with zf.open(info) as f:
                     shape, fortran, dtype = _read_npy_header(f, f"{display}[{key}]")
+                    _check_npy_size(shape, dtype, info.file_size - f.tell(), f"{display}[{key}]")
                     members[key] = NpyMember(
                         archive=path,
                         member=info.filename,
@@ -550,8 +694,10 @@ def npz_members(path: str | os.PathLike, *, display: str) -> dict[str, NpyMember
                         fortran_order=bool(fortran) and len(shape) > 1,
                         header_bytes=f.tell(),
                     )
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
-        raise SourceError(f"{display}: not a readable .npz archive ({e})") from None
+    except SourceError:
+        raise
+    except NPY_ERRORS as e:
+        raise SourceError(f"{display}: not a readable .npz archive ({one_line(e)})") from None
     return members
 
 
@@ -584,8 +730,10 @@ def iter_npy_flat(m: NpyMember, *, start: int, stop: int, chunk: int) -> Iterato
                     )
                 yield np.frombuffer(buf, dtype=m.dtype)
                 pos += n
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
-        raise SourceError(f"{m.display}: corrupt data ({e})") from None
+    except SourceError:
+        raise
+    except ARCHIVE_ERRORS as e:
+        raise SourceError(f"{m.display}: corrupt data ({one_line(e)})") from None
 
 
 def _stored_data_offset(m: NpyMember) -> tuple[int, int] | None:
@@ -609,8 +757,8 @@ def _stored_data_offset(m: NpyMember) -> tuple[int, int] | None:
         name_len = int.from_bytes(local[26:28], "little")
         extra_len = int.from_bytes(local[28:30], "little")
         return info.header_offset + 30 + name_len + extra_len, info.file_size
-    except (zipfile.BadZipFile, KeyError, OSError):
-        return None
+    except (*ARCHIVE_ERRORS, KeyError):
+        return None  # the deflated path reads it, or names what is wrong
 
 
 def _iter_stored(m: NpyMember, stored: tuple[int, int], *, start: int, stop: int,
@@ -649,7 +797,7 @@ def iter_npy_rows(m: NpyMember, *, chunk_rows: int, dtype) -> Iterator[np.ndarra
     row_elems = int(np.prod(m.shape[1:], dtype=np.int64)) if len(m.shape) > 1 else 1
     chunk_rows = max(1, int(chunk_rows))
     for flat in iter_npy_flat(m, start=0, stop=m.size, chunk=chunk_rows * row_elems):
-        yield flat.reshape((-1, *m.shape[1:])).astype(dtype, copy=False)
+        yield _cast(flat.reshape((-1, *m.shape[1:])), dtype)
 
 
 # --------------------------------------------------------------------------- archives
@@ -676,8 +824,8 @@ def list_archive(path: str | os.PathLike, *, display: str) -> list[str]:
                 return [i.filename for i in zf.infolist() if not i.is_dir()]
         with tarfile.open(path, "r:*") as tf:
             return [t.name for t in tf.getmembers() if t.isfile()]
-    except (zipfile.BadZipFile, tarfile.TarError, zlib.error, EOFError, OSError) as e:
-        raise SourceError(f"{display}: not a readable archive ({e})") from None
+    except ARCHIVE_ERRORS as e:
+        raise SourceError(f"{display}: not a readable archive ({one_line(e)})") from None
 
 
 def extract_archive(path: str | os.PathLike, dest: str | os.PathLike, *, display: str) -> Path:
@@ -723,8 +871,8 @@ def extract_archive(path: str | os.PathLike, dest: str | os.PathLike, *, display
                 tf.extractall(root, members=members, **kwargs)
     except SourceError:
         raise
-    except (zipfile.BadZipFile, tarfile.TarError, zlib.error, EOFError, OSError) as e:
-        raise SourceError(f"{display}: cannot extract ({e})") from None
+    except ARCHIVE_ERRORS as e:
+        raise SourceError(f"{display}: cannot extract ({one_line(e)})") from None
     return dest
 
 
@@ -743,10 +891,20 @@ def single_root(directory: Path) -> Path:
             return directory
 
 
+def _cast(values: np.ndarray, dtype) -> np.ndarray:
+    """``values`` as ``dtype``; a float too large for it becomes inf without a warning.
+
+    The converter's finiteness check then names the row, which a numpy overflow warning
+    here could not.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        return values.astype(dtype, copy=False)
+
+
 def iter_rows_of(array: np.ndarray, chunk_rows: int, dtype=np.float32) -> Iterator[np.ndarray]:
     """Yield [<=chunk_rows, ...] copies of a (possibly memory-mapped) array, in order."""
     for start in range(0, len(array), max(1, int(chunk_rows))):
-        yield np.asarray(array[start : start + chunk_rows], dtype=dtype).copy()
+        yield np.array(_cast(np.asarray(array[start : start + chunk_rows]), dtype), copy=True)
 
 
 def feature_dtype(dtype: np.dtype) -> np.dtype:

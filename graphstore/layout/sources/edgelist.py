@@ -56,7 +56,7 @@ def _sniff_separator(file: Path, display: str) -> str:
                 return "\t"
             return r"\s+"
     except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise SourceError(f"{display}: cannot read ({e})") from None
+        raise SourceError(f"{display}: cannot read ({_io.one_line(e)})") from None
     return r"\s+"
 
 
@@ -66,8 +66,8 @@ def _load_npy(file: Path, display: str, *, what: str) -> np.ndarray:
     try:
         # Memory-mapped: feature files may be larger than memory; chunks are copied out.
         array = np.load(file, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise SourceError(f"{display}: not a readable .npy array ({e})") from None
+    except _io.NPY_ERRORS as e:
+        raise SourceError(f"{display}: not a readable .npy array ({_io.one_line(e)})") from None
     if not isinstance(array, np.ndarray):
         raise SourceError(f"{display}: expected a single .npy array, got an archive")
     if array.dtype.kind not in "biuf":
@@ -80,19 +80,7 @@ def _labels_from(array: np.ndarray, display: str) -> np.ndarray:
         array = array[:, 0]
     if array.ndim != 1:
         raise SourceError(f"{display}: expected labels of shape [N] (one class per node), got {array.shape}")
-    values = np.asarray(array)
-    if values.dtype.kind == "f":
-        nan = np.isnan(values)
-        bad = np.flatnonzero(~nan & (values != np.round(values)))
-        if len(bad):
-            raise SourceError(f"{display}[{bad[0]}]: {values[bad[0]]} is not a class id")
-        labels = np.where(nan, -1, values).astype(np.int64)
-    else:
-        labels = values.astype(np.int64)
-    if len(labels) and labels.min() < -1:
-        at = int(np.argmin(labels))
-        raise SourceError(f"{display}[{at}]: negative class id {labels[at]} (-1 = unlabeled)")
-    return labels
+    return _io.class_ids(np.asarray(array), lambda i: f"{display}[{i}]")
 
 
 def read_edgelist(path: Path, ctx: ReadContext) -> SourceGraph:

@@ -51,7 +51,7 @@ def _read_triples(file: Path, display: str) -> np.ndarray:
     except pd.errors.ParserError:
         frame = None  # too many fields on some line: located below
     except (OSError, UnicodeDecodeError, zlib.error, EOFError) as e:
-        raise SourceError(f"{display}: cannot read ({e})") from None
+        raise SourceError(f"{display}: cannot read ({_io.one_line(e)})") from None
     if frame is not None and frame.shape[1] == 3:
         values = frame.to_numpy(dtype=object)
         # na_filter=False leaves a missing trailing field as "" rather than NaN.

@@ -7,7 +7,6 @@ small, so the reader holds them in memory and streams dense feature rows from th
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,8 @@ __all__ = ["find_npz_file", "read_npz"]
 
 _TRAIN_PER_CLASS = 20
 _VALID_PER_CLASS = 30
+_MAX_FEATURE_DIM = 1 << 28
+"""Widest attribute matrix accepted: a dense float32 row of 1 GiB."""
 
 
 def find_npz_file(path: Path) -> Path:
@@ -40,38 +41,75 @@ def find_npz_file(path: Path) -> Path:
     raise SourceNotFoundError(f"*.npz: file not found (looked in {path})")
 
 
+def _sparse_values(values: np.ndarray) -> np.ndarray:
+    """Values in a dtype scipy.sparse takes (it refuses float16): float32, or float64 for
+    8-byte numbers, which float32 would round."""
+    return values.astype(np.float64 if values.dtype.itemsize > 4 else np.float32, copy=False)
+
+
 class _Arrays:
-    """Lazy access to the arrays of one npz with messages that name file and key."""
+    """Lazy access to the arrays of one npz with messages that name file and key.
+
+    Only the arrays the reader asks for are read. The original gnn-benchmark files carry
+    extras nobody needs here (``idx_to_node``, ``attr_text``, ...), some of them pickled
+    object arrays: their headers are looked at, their data never (``allow_pickle`` stays
+    off), so they cost nothing and cannot run code.
+    """
 
     def __init__(self, path: Path, display: str) -> None:
+        self.path = path
         self.display = display
-        try:
-            self._npz = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-            raise SourceError(f"{display}: not a readable .npz file ({e})") from None
-        self.keys = set(self._npz.files)
+        # Headers only: validates the zip and gives every dtype before any data is read.
+        self._members = _io.npz_members(path, display=display)
+        self.keys = set(self._members)
+
+    def dtype(self, key: str) -> np.dtype:
+        """Element type of array ``key`` from its header (no data is read)."""
+        return self._members[key].dtype
 
     def get(self, key: str, *, ndim: int | None = None, kind: str | None = None) -> np.ndarray:
+        """Read array ``key``, checking its rank and dtype kind before loading its data.
+
+        Raises
+        ------
+        SourceError
+            Missing, an object array, the wrong rank or dtype, or unreadable data.
+        """
         if key not in self.keys:
             raise SourceError(
-                f"{self.display}: array {key!r} missing (has {', '.join(sorted(self.keys))})"
+                f"{self.display}: array {key!r} missing (has {_io.show_names(self.keys)})"
             )
+        member = self._members[key]
+        if member.dtype.hasobject:
+            raise SourceError(
+                f"{member.display}: holds Python objects (dtype object), not numbers; "
+                "pickled arrays are never loaded"
+            )
+        # Shape and dtype come from the header: check them before reading any data.
+        if ndim is not None and len(member.shape) != ndim:
+            raise SourceError(f"{member.display}: expected {ndim} dimensions, got shape {member.shape}")
+        if kind is not None and member.dtype.kind not in kind:
+            raise SourceError(f"{member.display}: expected numbers, got dtype {member.dtype}")
         try:
-            value = self._npz[key]
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-            raise SourceError(f"{self.display}[{key}]: cannot read ({e})") from None
-        if ndim is not None and value.ndim != ndim:
-            raise SourceError(f"{self.display}[{key}]: expected {ndim} dimensions, got shape {value.shape}")
-        if kind is not None and value.dtype.kind not in kind:
-            raise SourceError(f"{self.display}[{key}]: expected numbers, got dtype {value.dtype}")
-        return value
+            # Opened per array and closed at once: no handle outlives a read or an error.
+            with np.load(self.path, allow_pickle=False) as npz:
+                value = npz[key]
+        except (*_io.NPY_ERRORS, KeyError) as e:
+            raise SourceError(f"{member.display}: cannot read ({_io.one_line(e)})") from None
+        if value.shape != member.shape or value.dtype != member.dtype:
+            # The zip's local header disagrees with what the directory said: corrupt.
+            raise SourceError(f"{member.display}: cannot read (header changed while reading)")
+        # Native byte order: scipy.sparse refuses big-endian arrays.
+        return value.astype(value.dtype.newbyteorder("="), copy=False)
 
     def csr(self, prefix: str) -> sp.csr_matrix:
         indptr = self.get(f"{prefix}_indptr", ndim=1, kind="iu")
         indices = self.get(f"{prefix}_indices", ndim=1, kind="iu")
         shape = tuple(int(s) for s in self.get(f"{prefix}_shape", ndim=1, kind="iu"))
+        if len(shape) == 2 and min(shape) < 0:
+            raise SourceError(f"{self.display}[{prefix}_shape]: negative size in {shape}")
         if f"{prefix}_data" in self.keys:
-            data = self.get(f"{prefix}_data", ndim=1, kind="biuf")
+            data = _sparse_values(self.get(f"{prefix}_data", ndim=1, kind="biuf"))
         else:
             data = np.ones(len(indices), dtype=np.float32)
         where = f"{self.display}[{prefix}_indptr]"
@@ -113,11 +151,18 @@ def read_npz(path: Path, ctx: ReadContext) -> SourceGraph:
     if "attr_indptr" in arrays.keys:
         attr = arrays.csr("attr")
     elif "attr_matrix" in arrays.keys:
-        attr = sp.csr_matrix(arrays.get("attr_matrix", ndim=2, kind="biuf"))
+        attr = sp.csr_matrix(_sparse_values(arrays.get("attr_matrix", ndim=2, kind="biuf")))
     else:
         attr = None
     if attr is not None and attr.shape[0] != num_nodes:
         raise SourceError(f"{display}: {attr.shape[0]} attribute rows but {num_nodes} nodes in adj_shape")
+    if attr is not None and attr.shape[1] > _MAX_FEATURE_DIM:
+        # Only the shape says how wide the sparse rows are, and the store keeps them dense:
+        # a damaged width would have the converter allocate rows of terabytes.
+        raise SourceError(
+            f"{display}[attr_shape]: {attr.shape[1]} attribute columns; dense float32 rows that "
+            f"wide cannot be stored (at most {_MAX_FEATURE_DIM})"
+        )
 
     labels = _labels(arrays, num_nodes)
     num_classes = int(labels.max() + 1) if labels is not None and (labels >= 0).any() else 0
@@ -138,7 +183,10 @@ def read_npz(path: Path, ctx: ReadContext) -> SourceGraph:
 
         def features():
             for start in range(0, num_nodes, rows):
-                yield attr[start : start + rows].toarray().astype(np.float32)
+                # A value beyond float32 becomes inf, which the converter reports by row.
+                with np.errstate(over="ignore", invalid="ignore"):
+                    chunk = attr[start : start + rows].toarray().astype(np.float32)
+                yield chunk
 
     splits, origin = {}, {}
     if labels is not None:
@@ -151,10 +199,10 @@ def read_npz(path: Path, ctx: ReadContext) -> SourceGraph:
         }
 
     extra: dict = {"weighted": bool("adj_data" in arrays.keys and len(adj.data) and np.any(adj.data != 1))}
-    if "class_names" in arrays.keys:
+    if "class_names" in arrays.keys and arrays.dtype("class_names").kind in "US":
+        # A nicety: an object array of names (the original collection's) is skipped unread.
         names = arrays.get("class_names")
-        if names.dtype.kind in "US":
-            extra["class_names"] = [str(n) for n in names.tolist()]
+        extra["class_names"] = [str(n) for n in names.reshape(-1).tolist()]
 
     return SourceGraph(
         name=dataset_name(ctx.origin),
@@ -182,18 +230,15 @@ def _labels(arrays: _Arrays, num_nodes: int) -> np.ndarray | None:
     if "labels" in arrays.keys:
         raw = arrays.get("labels", kind="biuf")
         if raw.ndim == 2:  # one-hot rows
+            if raw.dtype.kind == "f" and not np.isfinite(raw).all():
+                raise SourceError(f"{display}[labels]: one-hot rows hold a non-finite value")
             labels = np.where(raw.any(axis=1), raw.argmax(axis=1), -1).astype(np.int64)
             if np.any((raw != 0).sum(axis=1) > 1):
                 raise SourceError(
                     f"{display}[labels]: a node has several classes; multi-label is not supported"
                 )
         elif raw.ndim == 1:
-            if raw.dtype.kind == "f" and not np.all(np.isnan(raw) | (raw == np.round(raw))):
-                raise SourceError(f"{display}[labels]: values must be class ids (integers)")
-            if raw.dtype.kind == "f":
-                labels = np.where(np.isnan(raw), -1, raw).astype(np.int64)
-            else:
-                labels = raw.astype(np.int64)
+            labels = _io.class_ids(raw, lambda i: f"{display}[labels] row {i}")
         else:
             raise SourceError(f"{display}[labels]: expected [N] or [N, C], got shape {raw.shape}")
     elif "label_indptr" in arrays.keys:
@@ -203,12 +248,11 @@ def _labels(arrays: _Arrays, num_nodes: int) -> np.ndarray | None:
             raise SourceError(
                 f"{display}[label_indptr]: a node has several classes; multi-label is not supported"
             )
+        columns = _io.class_ids(onehot.indices, lambda i: f"{display}[label_indices] entry {i}")
         labels = np.full(onehot.shape[0], -1, dtype=np.int64)
-        labels[per_row == 1] = onehot.indices
+        labels[per_row == 1] = columns
     else:
         return None
     if len(labels) != num_nodes:
         raise SourceError(f"{display}: {len(labels)} labels but {num_nodes} nodes in adj_shape")
-    if np.any(labels < -1):
-        raise SourceError(f"{display}[labels]: negative class id {int(labels.min())}")
     return labels

@@ -13,7 +13,8 @@ missing and cache ``.pt`` files that newer torch refuses. Two raw layouts::
 Edges and features stream in chunks. Node labels and node split ids are streamed chunk
 by chunk into ``.npy`` files under the work directory and handed out as read-only
 memory maps, so reading them never holds an [N] array in memory. Link-prediction
-``.pt`` splits are pickles and load whole.
+``.pt`` splits are pickles and load whole, through torch's weights-only unpickler with
+numeric numpy arrays allowed (what OGB's files hold), so a tampered file cannot run code.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import pandas as pd
 from graphstore.errors import SourceError, SourceNotFoundError
 from graphstore.layout.sources import _io
 from graphstore.layout.sources._io import NpyMember, ReadContext, dataset_name
+from graphstore.layout.sources._pickle import TORCH_SAFE_GLOBALS, materialize
 from graphstore.layout.sources.base import TASK_LINK, TASK_NODE, EdgeChunk, EdgeSplit, SourceGraph
 
 __all__ = ["OGB_NAME", "find_ogb_root", "is_ogb_name", "locate_ogb", "ogb_directed", "read_ogb"]
@@ -168,16 +170,9 @@ def _single_count(file: Path, ctx: ReadContext) -> int:
             f"{display}: {len(values)} lines (one per graph); only single-graph datasets "
             "(node or link property prediction) are supported"
         )
+    if values[0] < 0:
+        raise SourceError(f"{display} line 1: count {int(values[0])} is negative")
     return int(values[0])
-
-
-def _labels_from_float(values: np.ndarray, display: str, where) -> np.ndarray:
-    """[N] float labels -> int64 with NaN -> -1; ``where(i)`` names row i in messages."""
-    nan = np.isnan(values)
-    bad = np.flatnonzero(~nan & ((values != np.round(values)) | (values < -1)))
-    if len(bad):
-        raise SourceError(f"{display} {where(int(bad[0]))}: {values[bad[0]]} is not a class id")
-    return np.where(nan, -1, values).astype(np.int64)
 
 
 def _to_numpy(value, display: str, key: str) -> np.ndarray:
@@ -189,26 +184,72 @@ def _to_numpy(value, display: str, key: str) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
-def _read_pt_split(file: Path, ctx: ReadContext) -> tuple[EdgeSplit, list[str]]:
-    """One ``split/<name>/<split>.pt`` as an `EdgeSplit` and the keys it did not use."""
-    display = ctx.show(file)
+def _load_pt(file: Path):
+    """``torch.load`` with the weights-only unpickler: a split file cannot run code, and
+    its numpy arrays are rebuilt from checked state (`_pickle`), which a damaged file
+    cannot turn into a crash."""
     import torch  # deferred: only link datasets need it
 
+    allow = getattr(torch.serialization, "safe_globals", None)
+    if allow is None:
+        # torch < 2.5 cannot allow-list numpy arrays for the weights-only loader; the
+        # legacy loader reads files of the dataset the user chose to convert.
+        return torch.load(file, weights_only=False, map_location="cpu")
+    with allow(TORCH_SAFE_GLOBALS):
+        return materialize(torch.load(file, weights_only=True, map_location="cpu"))
+
+
+def _pt_problem(error: Exception) -> str:
+    """One line for a failed ``torch.load``: the refused global if that was it.
+
+    torch's weights-only failures are paragraphs of advice around one line of reason;
+    the advice (load with ``weights_only=False``) is not for files that are damaged.
+    """
+    text = str(error)
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    if paragraphs and paragraphs[0].startswith("Weights only load failed"):
+        reasons = [p for p in paragraphs[1:] if not p.startswith("Check the documentation")]
+        text = " ".join(reasons) or paragraphs[0]
+        text = re.sub(r"^.*WeightsUnpickler error: ", "", text, flags=re.DOTALL)
+        refused = re.search(r"GLOBAL (\S+)|function (\S+)|but got (<class '[^']+'>)", text)
+        if refused:
+            name = next(g for g in refused.groups() if g)
+            return (f"it refers to {name}, which an OGB split never holds (only tensors and "
+                    "numeric arrays); refusing to unpickle it")
+    # torch's zip reader appends a paragraph about reporting bugs; the file is what is wrong.
+    text = re.split(r" This is an internal miniz error| \(Could this error message be improved", text)[0]
+    return f"{type(error).__name__}: {_io.one_line(text)}"
+
+
+def _read_pt_split(file: Path, num_nodes: int, nodes_from: str, ctx: ReadContext
+                   ) -> tuple[EdgeSplit, list[str]]:
+    """One ``split/<name>/<split>.pt`` as an `EdgeSplit` and the keys it did not use.
+
+    Node ids are checked to lie in ``[0, num_nodes)``; ``nodes_from`` names the file
+    that gave ``num_nodes``. Relation ids are the caller's to check.
+    """
+    display = ctx.show(file)
     try:
-        # The files are legacy pickles of dicts of tensors/arrays, which the safe
-        # weights-only loader rejects; they come from the dataset the user chose to read.
-        obj = torch.load(file, weights_only=False, map_location="cpu")
+        obj = _load_pt(file)
     except FileNotFoundError:
         raise SourceNotFoundError(f"{display}: file not found (looked in {file.parent})") from None
     except Exception as e:  # torch.load raises many types for a bad file
-        raise SourceError(f"{display}: cannot load ({type(e).__name__}: {e})") from None
+        raise SourceError(f"{display}: cannot load ({_pt_problem(e)})") from None
     if not isinstance(obj, dict):
         raise SourceError(f"{display}: expected a dict of arrays, got {type(obj).__name__}")
 
-    def get(key: str, ndim: int) -> np.ndarray:
+    def get(key: str, ndim: int, *, node_ids: bool = True) -> np.ndarray:
         array = _to_numpy(obj[key], display, key)
         if array.ndim != ndim:
             raise SourceError(f"{display}[{key!r}]: expected {ndim} dimensions, got shape {array.shape}")
+        if node_ids:
+            # Checked here, not only by the converter, so the message names the key and
+            # the [row, column] of a bad id in a 2-D array.
+            bad = np.argwhere((array < 0) | (array >= num_nodes))
+            if len(bad):
+                at = tuple(int(i) for i in bad[0])
+                raise SourceError(f"{display}[{key!r}][{', '.join(map(str, at))}]: node id {array[at]} "
+                                  f"out of range [0, {num_nodes}) ({nodes_from} says {num_nodes} nodes)")
         return array
 
     def check_rows(key: str, array: np.ndarray, n: int) -> None:
@@ -243,7 +284,7 @@ def _read_pt_split(file: Path, ctx: ReadContext) -> tuple[EdgeSplit, list[str]]:
         for key in ("relation", "tail"):
             if key not in obj:
                 raise SourceError(f"{display}: has 'head' but no {key!r}")
-        src, rel, dst = get("head", 1), get("relation", 1), get("tail", 1)
+        src, rel, dst = get("head", 1), get("relation", 1, node_ids=False), get("tail", 1)
         check_rows("relation", rel, len(src))
         check_rows("tail", dst, len(src))
         neg_dst = None
@@ -309,6 +350,9 @@ def _csv_graph(raw: Path, ctx: ReadContext) -> _Graph:
         if found is None:
             raise SourceNotFoundError(f"raw/{stem}.csv.gz: file not found (looked in {ctx.show(raw)})")
     g.num_nodes = _single_count(node_count_file, ctx)
+    if not 0 < g.num_nodes <= _io.MAX_NUM_NODES:
+        raise SourceError(f"{ctx.show(node_count_file)} line 1: {g.num_nodes} nodes; expected a count "
+                          f"in [1, {_io.MAX_NUM_NODES}]")
     g.files["num_nodes"] = str(node_count_file)
     edge_count_file = _raw_file(raw, "num-edge-list")
     g.num_edges_declared = _single_count(edge_count_file, ctx) if edge_count_file else None
@@ -317,7 +361,7 @@ def _csv_graph(raw: Path, ctx: ReadContext) -> _Graph:
     g.consumed |= {p.name for p in (node_count_file, edge_count_file, edge_file, g.rel_file) if p}
 
     edge_display = ctx.show(edge_file)
-    rel_file, declared = g.rel_file, g.num_edges_declared
+    rel_file, declared, num_nodes = g.rel_file, g.num_edges_declared, g.num_nodes
 
     def edges():
         step = _io.EDGE_CHUNK_ROWS
@@ -338,6 +382,15 @@ def _csv_graph(raw: Path, ctx: ReadContext) -> _Graph:
                         f"(at least {total + len(chunk)})"
                     )
                 rel = np.ascontiguousarray(rel_chunk[:, 0])
+            if len(chunk) and chunk.max() >= num_nodes:
+                # The converter would say "out of range"; only here is it known that the
+                # range comes from another file, which may be the damaged one.
+                row, col = np.argwhere(chunk >= num_nodes)[0]
+                raise SourceError(
+                    f"{edge_display} line {total + row + 1}: {('source', 'destination')[col]} node id "
+                    f"{chunk[row, col]} out of range [0, {num_nodes}) ({ctx.show(node_count_file)} "
+                    f"says {num_nodes} nodes)"
+                )
             total += len(chunk)
             yield EdgeChunk(src=np.ascontiguousarray(chunk[:, 0]),
                             dst=np.ascontiguousarray(chunk[:, 1]), rel=rel)
@@ -394,8 +447,8 @@ def _csv_graph(raw: Path, ctx: ReadContext) -> _Graph:
                                       chunk_rows=_io.EDGE_CHUNK_ROWS, display=display, missing_ok=True):
                 if bad is None:
                     try:
-                        spill.append(_labels_from_float(chunk[:, 0], display,
-                                                        lambda i, first=rows: f"line {first + i + 1}"))
+                        spill.append(_io.class_ids(chunk[:, 0],
+                                                   lambda i, first=rows: f"{display} line {first + i + 1}"))
                     except SourceError as e:
                         bad = e
                 rows += len(chunk)
@@ -410,9 +463,17 @@ def _csv_graph(raw: Path, ctx: ReadContext) -> _Graph:
     return g
 
 
-def _npz_scalar_list(m: NpyMember) -> np.ndarray:
+def _npz_count(m: NpyMember) -> int:
+    """The one count of a single-graph ``num_nodes_list`` / ``num_edges_list``."""
+    if m.dtype.kind not in "iu":
+        raise SourceError(f"{m.display}: expected integer counts, got dtype {m.dtype}")
     parts = list(_io.iter_npy_flat(m, start=0, stop=m.size, chunk=max(1, m.size)))
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    counts = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    if len(counts) != 1:
+        raise SourceError(f"{m.display}: {len(counts)} graphs; only single-graph datasets are supported")
+    if counts[0] < 0 or counts[0] > np.iinfo(np.int64).max:
+        raise SourceError(f"{m.display}: count {counts[0]} is not a size")
+    return int(counts[0])
 
 
 def _npz_graph(raw: Path, ctx: ReadContext) -> _Graph:
@@ -425,24 +486,14 @@ def _npz_graph(raw: Path, ctx: ReadContext) -> _Graph:
 
     def need(key: str) -> NpyMember:
         if key not in members:
-            raise SourceError(f"{display}: array {key!r} missing (has {', '.join(sorted(members))})")
+            raise SourceError(f"{display}: array {key!r} missing (has {_io.show_names(members)})")
         return members[key]
 
-    counts = _npz_scalar_list(need("num_nodes_list"))
-    if len(counts) != 1:
-        raise SourceError(
-            f"{display}[num_nodes_list]: {len(counts)} graphs; only single-graph datasets are supported"
-        )
-    g.num_nodes = int(counts[0])
-    g.num_edges_declared = None
-    if "num_edges_list" in members:
-        edge_counts = _npz_scalar_list(members["num_edges_list"])
-        if len(edge_counts) != 1:
-            raise SourceError(
-                f"{display}[num_edges_list]: {len(edge_counts)} graphs; only single-graph datasets "
-                "are supported"
-            )
-        g.num_edges_declared = int(edge_counts[0])
+    g.num_nodes = _npz_count(need("num_nodes_list"))
+    if not 0 < g.num_nodes <= _io.MAX_NUM_NODES:
+        raise SourceError(f"{need('num_nodes_list').display}: {g.num_nodes} nodes; expected a count "
+                          f"in [1, {_io.MAX_NUM_NODES}]")
+    g.num_edges_declared = _npz_count(members["num_edges_list"]) if "num_edges_list" in members else None
 
     ei = need("edge_index")
     if len(ei.shape) != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iu":
@@ -488,7 +539,7 @@ def _npz_graph(raw: Path, ctx: ReadContext) -> _Graph:
         label_display = ctx.show(label_file)
         label_members = _io.npz_members(label_file, display=label_display)
         if "node_label" not in label_members:
-            has = ", ".join(sorted(label_members))
+            has = _io.show_names(label_members)
             raise SourceError(f"{label_display}: array 'node_label' missing (has {has})")
         m = label_members["node_label"]
         if len(m.shape) == 2 and m.shape[1] > 1:
@@ -502,23 +553,41 @@ def _npz_graph(raw: Path, ctx: ReadContext) -> _Graph:
         with _io.Int64Spill(g.scratch / "labels.npy", length=m.shape[0]) as spill:
             for chunk in _io.iter_npy_flat(m, start=0, stop=m.size, chunk=_io.EDGE_CHUNK_ROWS):
                 first = spill.count
-                spill.append(_labels_from_float(chunk.astype(np.float64).reshape(-1), m.display,
-                                                lambda i: f"row {first + i}"))
+                spill.append(_io.class_ids(chunk, lambda i, first=first: f"{m.display} row {first + i}"))
             g.labels = spill.finish()
             g.num_classes = spill.max + 1
     return g
 
 
-def _num_relations(rel_file: Path | None, splits: dict[str, EdgeSplit], ctx: ReadContext) -> int:
+def _num_relations(rel_file: Path | None, splits: dict[str, EdgeSplit], split_files: dict[str, Path],
+                   ctx: ReadContext) -> int:
+    """Largest relation id + 1 over the graph's and the splits' relations.
+
+    Ids of the graph's edges outside ``[0, MAX_CLASS_ID]`` are refused here, naming the
+    relation file and line (the converter would name the edge file); larger split ids
+    too, naming the split file: the store keeps relation ids as int32.
+    """
     highest = -1
     if rel_file is not None:
+        display = ctx.show(rel_file)
+        row = 0
         for chunk in _io.iter_csv(rel_file, ncols=1, dtype=np.int64, chunk_rows=_io.EDGE_CHUNK_ROWS,
-                                  display=ctx.show(rel_file)):
-            if len(chunk):
-                highest = max(highest, int(chunk.max()))
-    for split in splits.values():
+                                  display=display):
+            rel = chunk[:, 0]
+            bad = np.flatnonzero((rel < 0) | (rel > _io.MAX_CLASS_ID))
+            if len(bad):
+                raise SourceError(f"{display} line {row + int(bad[0]) + 1}: relation id {int(rel[bad[0]])} "
+                                  f"is not in [0, {_io.MAX_CLASS_ID}]")
+            if len(rel):
+                highest = max(highest, int(rel.max()))
+            row += len(rel)
+    for name, split in splits.items():
         if split.rel is not None and len(split.rel):
-            highest = max(highest, int(split.rel.max()))
+            top = int(np.argmax(split.rel))
+            if split.rel[top] > _io.MAX_CLASS_ID:
+                raise SourceError(f"{ctx.show(split_files[name])}['relation'][{top}]: relation id "
+                                  f"{int(split.rel[top])} is larger than {_io.MAX_CLASS_ID}")
+            highest = max(highest, int(split.rel[top]))
     return highest + 1
 
 
@@ -575,15 +644,16 @@ def read_ogb(path: Path, ctx: ReadContext) -> SourceGraph:
 
     if split_dir is not None and any(split_dir.glob("*.pt")):
         tasks.append(TASK_LINK)
+        nodes_from = ctx.show(g.files["num_nodes"])
         unused: dict[str, list[str]] = {}
         for s in ("valid", "test"):
             file = split_dir / f"{s}.pt"
-            edge_splits[s], unused[s] = _read_pt_split(file, ctx)
+            edge_splits[s], unused[s] = _read_pt_split(file, g.num_nodes, nodes_from, ctx)
             split_files[s] = file
         origin = {"kind": "shipped", "name": split_dir.name}
         train_file = split_dir / "train.pt"
         if train_file.is_file():
-            edge_splits["train"], unused["train"] = _read_pt_split(train_file, ctx)
+            edge_splits["train"], unused["train"] = _read_pt_split(train_file, g.num_nodes, nodes_from, ctx)
             split_files["train"] = train_file
         else:
             # Only the training edges are missing, and for OGB link datasets those are
@@ -614,7 +684,7 @@ def read_ogb(path: Path, ctx: ReadContext) -> SourceGraph:
             "files give relations, so the graph edges need them too"
         )
     if g.rel_file is not None:
-        num_relations = _num_relations(g.rel_file, edge_splits, ctx)
+        num_relations = _num_relations(g.rel_file, edge_splits, split_files, ctx)
         g.files["relations"] = str(g.rel_file)
 
     g.files.update({f"split:{s}": str(f) for s, f in split_files.items()})
