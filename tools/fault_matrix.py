@@ -524,31 +524,27 @@ class Lab:
             return out
         return self._once("kg", make)
 
-    def synthetic(self) -> Path:
-        """A 200k-node synthetic OGB dataset: METIS makes its conversion last seconds."""
+    def _synthetic(self, name: str, *, num_nodes: int, feature_dim: int) -> Path:
         def make() -> Path:
-            out = self.workdir / "base" / "synthetic"
-            res = run([PY, REPO / "tools" / "make_synthetic.py", "--out", out, "--num-nodes", 200000,
-                       "--avg-degree", 10, "--feature-dim", 32, "--layout", "npz", "--no-progress"])
+            out = self.workdir / "base" / name
+            res = run([PY, REPO / "tools" / "make_synthetic.py", "--out", out, "--num-nodes", num_nodes,
+                       "--avg-degree", 10, "--feature-dim", feature_dim, "--layout", "npz", "--no-progress"])
             if res.returncode != 0:
                 raise RuntimeError(f"make_synthetic failed: {res.error}")
             return out
-        return self._once("synthetic", make)
+        return self._once(name, make)
+
+    def synthetic(self) -> Path:
+        """A 200k-node synthetic OGB dataset: METIS makes its conversion last seconds."""
+        return self._synthetic("synthetic", num_nodes=200000, feature_dim=32)
 
     def synthetic_aligned(self) -> Path:
         """32768 nodes x 128 float32 features: 4 partitions of exactly 4 MiB, one chunk
         each, so the buffer's partition reads are whole aligned chunks (O_DIRECT reads)."""
-        def make() -> Path:
-            out = self.workdir / "base" / "synthetic-aligned"
-            res = run([PY, REPO / "tools" / "make_synthetic.py", "--out", out, "--num-nodes", 32768,
-                       "--avg-degree", 10, "--feature-dim", 128, "--layout", "npz", "--no-progress"])
-            if res.returncode != 0:
-                raise RuntimeError(f"make_synthetic failed: {res.error}")
-            return out
-        return self._once("synthetic_aligned", make)
+        return self._synthetic("synthetic-aligned", num_nodes=32768, feature_dim=128)
 
     def copy(self, store: Path, dest: Path) -> Path:
-        shutil.copytree(store, dest, ignore=shutil.ignore_patterns(".writer.lock"))
+        shutil.copytree(store, dest)
         return dest
 
 
