@@ -738,7 +738,7 @@ def _shutdown(handoff: _Handoff, loader: _Loader) -> None:
 def _write_back_error(loader: _Loader, failures: list[tuple[int, BaseException]]) -> BaseException:
     """The first write-back failure, its message saying how many partitions failed and
     that they are still held (dirty) in memory."""
-    k, first = failures[0]
+    _, first = failures[0]
     parts = [p for p, _ in failures]
     note = (f"writing back embeddings failed for {len(failures)} partition(s) {parts}; "
             "they stay in memory, marked dirty")
