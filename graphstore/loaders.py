@@ -17,7 +17,8 @@ megabatch   hierbatching   a quarter of the partitions (at least 2) + a static c
                            1 % highest-degree nodes; each mega-batch trained ``reuse=2`` times
 disk        sequential /   half the partitions (MariusGNN); node classification uses
             dispersed /    ``sequential`` when every training partition fits, else
-            comet / beta   ``dispersed``; link prediction ``comet`` (l = 2p/c logical partitions)
+            comet / beta   ``dispersed``; link prediction ``comet`` (l = ceil(p / floor(c/2)),
+                           MariusGNN's 2p/c, so two logical partitions are resident)
 =========== ============== ================================================================
 
 Every choice a loader makes is in its ``settings`` dict (printed and recorded by the
@@ -257,28 +258,15 @@ class NodeLoader(_Loader):
     def num_batches(self, epoch: int) -> int:
         """Batches of ``epoch`` (with ``reuse`` passes; states cut batches separately)."""
         plan = self.plan(epoch)
-        counts = self._counts_per_partition()
-        total = 0
-        for parts, passes in zip(plan.train_partitions, self._passes(plan)):
-            n = int(sum(counts.get(k, 0) for k in parts))
-            total += passes * math.ceil(n / self.batch_size)
-        return total
-
-    def _counts_per_partition(self) -> dict[int, int]:
-        parts, counts = np.unique(self.targets // self.store.partition_size, return_counts=True)
-        return dict(zip(parts.tolist(), counts.tolist()))
+        per_state = plan.target_states(self.targets // self.store.partition_size)
+        return sum(passes * math.ceil(len(mine) / self.batch_size)
+                   for mine, passes in zip(per_state, self._passes(plan)))
 
     def _passes(self, plan) -> list[int]:
         passes = getattr(plan, "passes", None)
         if passes is None:
             return [1] * len(plan.states)
         return [int(x) for x in passes] if self.policy == "hierbatching" else [int(x) * self.reuse for x in passes]
-
-    def _targets_of(self, partitions: Sequence[int]) -> np.ndarray:
-        P = self.store.partition_size
-        lo = np.searchsorted(self.targets, np.asarray(partitions, np.int64) * P)
-        hi = np.searchsorted(self.targets, (np.asarray(partitions, np.int64) + 1) * P)
-        return np.concatenate([np.zeros(0, np.int64)] + [self.targets[a:b] for a, b in zip(lo, hi)])
 
     def epoch(self, epoch: int, *, lookahead: bool = True) -> Iterator[NodeBatch]:
         """The batches of ``epoch`` (each valid until the next one is requested); with
@@ -287,6 +275,9 @@ class NodeLoader(_Loader):
         order_gen = _epoch_generator(self.seed, epoch, 1)
         sample_gen = _epoch_generator(self.seed, epoch, 2)
         passes = self._passes(plan)
+        # Which targets each state trains (all of its training partitions' nodes, or with
+        # DISPERSED a random share of them), ascending store ids.
+        per_state = plan.target_states(self.targets // self.store.partition_size)
         buffer = self._buffer(epoch, plan.states, None, lookahead)
         workspace = None
         try:
@@ -294,7 +285,7 @@ class NodeLoader(_Loader):
                 g = loaded.graph
                 if workspace is None or workspace.numel() != g.num_nodes:
                     workspace = new_workspace(g)
-                local = g.to_local(self._targets_of(plan.train_partitions[loaded.index]))
+                local = g.to_local(self.targets[per_state[loaded.index]])
                 for _ in range(passes[loaded.index]):
                     order = torch.randperm(local.numel(), generator=order_gen) if self.shuffle else None
                     ids = local if order is None else local[order]
@@ -369,17 +360,22 @@ class EdgeLoader(_Loader):
         self.table = embeddings
         self.fanouts = None if fanouts is None else tuple(fanouts)
         options = {}
-        p = store.num_partitions
-        if (policy or "comet") == "comet" and scheme == "disk":
-            c = capacity or max(2, math.ceil(p / 2))
-            # MariusGNN's rule: l = 2p/c logical partitions, so two are resident.
-            options["num_logical_partitions"] = num_logical_partitions or max(1, min(p, round(2 * p / c)))
+        if num_logical_partitions is not None:
+            if (policy or "comet") != "comet" or scheme != "disk":
+                raise ConfigError("num_logical_partitions is COMET's setting (scheme 'disk', policy 'comet')")
+            options["num_logical_partitions"] = num_logical_partitions
+        # Without it, COMET picks l from the capacity the budget settles on
+        # (`default_logical_partitions`: two logical partitions always fit), so every
+        # capacity the budget search tries is a valid plan.
         super().__init__(store, scheme=scheme, policy=policy, capacity=capacity, buffer_bytes=buffer_bytes,
                          seed=seed, prefetch=prefetch, embedding_dim=0 if embeddings is None else embeddings.dim,
                          policy_options=options)
         self.settings.update(batch_size=self.batch_size, negatives=self.negatives, num_chunks=self.num_chunks,
                              degree_fraction=self.degree_fraction, fanouts=self.fanouts and list(self.fanouts),
-                             embedding_dim=self.embedding_dim, **options)
+                             embedding_dim=self.embedding_dim)
+        if self.policy == "comet":
+            # The l the plans use, chosen or derived (the same every epoch).
+            self.settings.update(self.plan(0).options)
 
     def _default_policy(self, scheme: str) -> str:
         return "in_memory" if scheme == "minibatch" else "comet"

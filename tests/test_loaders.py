@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import graphstore
+from graphstore.buffer import plan_epoch
 from graphstore.buffer.budget import footprint
+from graphstore.buffer.policies import default_logical_partitions
 from graphstore.errors import ConfigError
 from graphstore.layout._convert import ConvertOptions, convert
 from graphstore.layout.embeddings import EmbeddingTable
@@ -113,7 +115,7 @@ def test_edge_loader_trains_every_edge_once_with_resident_negatives(copy, scheme
     touched = np.unique(np.concatenate([src, dst]))
     assert (after[touched, 0] > before[touched, 0]).all()
     if scheme == "disk" and policy == "comet":
-        assert loader.settings["num_logical_partitions"] == 4  # MariusGNN: l = 2p/c
+        assert loader.settings["num_logical_partitions"] == 4  # MariusGNN: l = 2p/c = ceil(p / (c/2))
 
 
 def test_edge_loader_with_an_encoder_gives_a_dense_over_the_batch_nodes(store):
@@ -189,3 +191,48 @@ def test_edge_batches_carry_relation_types_for_an_encoder(store):
     assert torch.equal(g.indices[d.edge_ids], d.node_ids[d.nbrs])
     assert bool(((g.indptr[dst_local] <= d.edge_ids) & (d.edge_ids < g.indptr[dst_local + 1])).all())
     assert g.rel[d.edge_ids].numel() == d.nbrs.numel()
+
+
+def _edges_seen(loader, epoch=0) -> Counter:
+    seen = Counter()
+    for batch in loader.epoch(epoch):
+        ids = batch.graph.node_ids
+        seen.update(zip(ids[batch.src].tolist(), ids[batch.dst].tolist()))
+    return seen
+
+
+@pytest.mark.parametrize("p,capacity", [(6, None), (10, None), (14, None), (33, None), (16, 5), (7, 3), (9, 7)])
+def test_disk_link_prediction_runs_with_default_settings_for_any_p(tmp_path, p, capacity):
+    # The review's crashes: COMET's l fixed at round(2p/c) left fewer than 2 logical
+    # partitions resident for these p and capacities.
+    graph, raw = make_graph(num_nodes=20 * p, num_edges=60 * p, directed=True, seed=p)
+    convert(graph, tmp_path / "g.gs", ConvertOptions(num_partitions=p, partitioner="random", seed=1))
+    with graphstore.open(tmp_path / "g.gs") as store:
+        loader = EdgeLoader(store, batch_size=97, negatives=3, scheme="disk", capacity=capacity, seed=0)
+        assert loader.policy == "comet"
+        c = loader.capacity
+        assert loader.settings["num_logical_partitions"] == default_logical_partitions(p, c)
+        seen = _edges_seen(loader)
+        src, dst = store.array("edges/src")[...], store.array("edges/dst")[...]
+        assert seen == Counter(zip(src.tolist(), dst.tolist()))  # every edge once
+        assert len(loader.epoch_stats) == 1 and loader.last_stats.bytes_read == loader.last_stats.planned_bytes
+
+
+def test_a_link_budget_down_to_two_logical_pairs_is_accepted(tmp_path):
+    p = 16
+    graph, _ = make_graph(num_nodes=800, num_edges=6000, directed=True, seed=3)
+    convert(graph, tmp_path / "g.gs", ConvertOptions(num_partitions=p, partitioner="random", seed=1))
+    with graphstore.open(tmp_path / "g.gs") as store:
+        # The smallest plan COMET accepts: capacity 2, l = p (two single-partition groups).
+        smallest = footprint(store, plan_epoch("comet", num_partitions=p, capacity=2).states).total
+        loader = EdgeLoader(store, batch_size=64, negatives=2, scheme="disk", buffer_bytes=smallest)
+        assert loader.capacity == 2 and loader.settings["num_logical_partitions"] == p
+        assert loader.footprint.total <= smallest
+        assert sum(_edges_seen(loader).values()) == store.num_edges
+        # A larger budget: the search varies l with c (l = ceil(p / floor(c/2))).
+        whole = footprint(store, [tuple(range(p))]).total
+        bigger = EdgeLoader(store, batch_size=64, negatives=2, scheme="disk", buffer_bytes=whole // 2)
+        c = bigger.capacity
+        assert 2 < c < p and bigger.settings["num_logical_partitions"] == default_logical_partitions(p, c)
+        with pytest.raises(ConfigError, match="below the"):
+            EdgeLoader(store, batch_size=64, negatives=2, scheme="disk", buffer_bytes=smallest // 4)

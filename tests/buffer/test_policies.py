@@ -110,13 +110,18 @@ def check_comet(plan: EpochPlan) -> None:
 def check_node(plan: EpochPlan, train: list[int], visits: int) -> None:
     assert plan.bucket_states is None or plan.task == "both"
     assert len(plan.train_partitions) == len(plan.passes) == len(plan.states)
-    trained = Counter()
     for state, mine, passes in zip(plan.states, plan.train_partitions, plan.passes):
         assert set(mine) <= set(state) and list(mine) == sorted(set(mine))
         assert passes >= 1
-        for x in mine:
-            trained[x] += passes
-    assert trained == {x: visits for x in train}
+    # Three training nodes per training partition: each must train `visits` times, only
+    # in states that hold its partition and list it.
+    parts = np.repeat(np.asarray(train), 3)
+    trained = np.zeros(parts.size, dtype=np.int64)
+    for s, (nodes, passes) in enumerate(zip(plan.target_states(parts), plan.passes)):
+        assert list(nodes) == sorted(set(nodes.tolist()))
+        assert set(parts[nodes].tolist()) <= set(plan.train_partitions[s])
+        trained[nodes] += passes
+    assert (trained == visits).all()
 
 
 def plan_and_check(name: str, p: int, c: int, epoch: int, seed: int, **options) -> EpochPlan:
@@ -174,8 +179,6 @@ def test_node_policies_train_only_the_training_partitions(pc, seed, reuse, data)
     options = {"train_partitions": train}
     if name == "hierbatching":
         options["reuse"] = reuse
-    if name == "dispersed":
-        options["train_partitions_per_state"] = data.draw(st.integers(1, min(c, p)), label="per_state")
     if name == "sequential" and len(set(train)) > c:
         with pytest.raises(ConfigError, match="dispersed"):
             plan_epoch(name, num_partitions=p, capacity=c, seed=seed, **options)
@@ -187,6 +190,33 @@ def test_node_policies_train_only_the_training_partitions(pc, seed, reuse, data)
         assert len(plan.states) == 1 and len(plan.states[0]) == min(c, p), "fillers use the whole buffer"
     if name == "dispersed":
         assert all(len(s) == min(c, p) for s in plan.states)
+        check_read_once(plan)
+
+
+def check_read_once(plan: EpochPlan) -> None:
+    """MariusGNN's DISPERSED: no partition is read twice in an epoch (admitted once)."""
+    admitted = Counter(k for state in plan.buffer_states() for k in state.admitted)
+    assert max(admitted.values()) == 1
+
+
+@FAST
+@given(pc=sizes, seed=st.integers(0, 2**32), epoch=st.integers(0, 3))
+def test_dispersed_reads_each_partition_once_with_one_swap_per_state(pc, seed, epoch):
+    p, c = pc
+    plan = plan_and_check("dispersed", p, c, epoch, seed)
+    c = min(c, p)
+    # Every partition holds training nodes, so no state is dropped: p - c + 1 states, the
+    # first reads c partitions and every later one exactly one, so p reads in all.
+    assert len(plan.states) == p - c + 1
+    check_one_swap(plan)
+    check_read_once(plan)
+    assert plan.num_swaps + len(plan.states[0]) == p
+    # Each node trains in a state holding its partition, drawn at random among them: over
+    # many nodes of one partition every such state gets some.
+    parts = np.full(4000, plan.states[-1][0])
+    holding = [s for s, state in enumerate(plan.states) if parts[0] in state]
+    got = [s for s, nodes in enumerate(plan.target_states(parts)) if nodes.size]
+    assert got == holding
 
 
 def test_in_memory_is_one_state_with_everything():
@@ -411,3 +441,23 @@ def test_cli_summary_and_errors():
     proc = run("--policy", "beta", "--partitions", 4, "--capacity", 1, code=1)
     assert "capacity >= 2" in proc.stderr and "Traceback" not in proc.stderr
     run("--policy", "beta", "--partitions", 0, "--capacity", 1, code=2)
+
+
+def test_comet_and_beta_plan_every_p_and_capacity_with_default_settings():
+    # The review's crashes: p = 6, 10, 14, 33 at the loader's default capacity, and p = 16
+    # at capacity 5, had l fixed at round(2p/c). Now l follows the capacity, for every pair.
+    for p in range(2, 65):
+        capacities = range(2, p + 1) if p <= 24 else sorted({2, 3, 5, 7, p // 4, p // 2 + 1, p - 1, p})
+        for c in capacities:
+            for name in ("comet", "beta"):
+                plan = plan_epoch(name, num_partitions=p, capacity=c, seed=p * 100 + c)
+                check_link(plan)
+                assert all(len(state) <= c for state in plan.states)
+            l = plan_epoch("comet", num_partitions=p, capacity=c).options["num_logical_partitions"]
+            assert l == default_logical_partitions(p, c)
+
+
+def test_dispersed_at_the_benchmark_setting_reads_each_partition_once():
+    # p = 64, c = 2: the old DISPERSED read 119-125 partitions an epoch; MariusGNN's reads 64.
+    plan = plan_epoch("dispersed", num_partitions=64, capacity=2, seed=0)
+    assert len(plan.states) == 63 and plan.num_swaps + 2 == 64

@@ -82,24 +82,41 @@ def plan_sequential(*, num_partitions: int, capacity: int, epoch: int, seed: int
                       options={"train_partitions": train})
 
 
-@register_policy("dispersed", task=TASK_NODE, options=("train_partitions", "train_partitions_per_state"),
-                 summary="node classification: training partitions spread over states with random fillers")
+@register_policy("dispersed", task=TASK_NODE, options=("train_partitions",),
+                 summary="node classification: c random partitions, one swap per state, each read once")
 def plan_dispersed(*, num_partitions: int, capacity: int, epoch: int, seed: int, rng: np.random.Generator,
-                   train_partitions: Iterable[int] | None = None,
-                   train_partitions_per_state: int | None = None) -> EpochPlan:
-    """DISPERSED (MariusGNN): the shuffled training partitions split evenly over
-    ``ceil(len(train) / t)`` states, ``t = train_partitions_per_state`` (default
-    ``max(1, c // 2)``, so half the buffer is left for neighbourhood); each state filled up
-    to c with random other partitions, each training partition trained in exactly one state."""
+                   train_partitions: Iterable[int] | None = None) -> EpochPlan:
+    """DISPERSED (MariusGNN's ``getDispersedOrderingHelper`` and
+    ``randomlyAssignTrainNodesToBuffers``): c random partitions to start, then one swap
+    per state, a random resident out and the next partition of a random order in, until
+    every partition has been resident once: ``p - c + 1`` states, each partition read
+    once an epoch. Each training node trains once, in a state drawn uniformly among those
+    holding its partition (``split_targets``; `EpochPlan.target_states` draws it).
+
+    A state holding no training partition trains nothing and is dropped (its successor
+    then admits two partitions): the reads are the same, one assembly fewer.
+    """
     p, c = num_partitions, capacity
     train = _train_set(train_partitions, p)
-    per_state = (max(1, c // 2) if train_partitions_per_state is None
-                 else _check_positive("train_partitions_per_state", train_partitions_per_state, c))
-    chunks = np.array_split(rng.permutation(train), math.ceil(len(train) / per_state))
-    trained = [tuple(sorted(chunk.tolist())) for chunk in chunks]
-    states = [_fill(rng, list(t), p, c) for t in trained]
+    order = rng.permutation(p)
+    resident = order[:c].copy()
+    walk = [tuple(sorted(resident.tolist()))]
+    # The evicted slot of each swap: MariusGNN shuffles the buffer and replaces its last
+    # entry, which is a uniform choice among the residents.
+    evict = rng.integers(0, c, size=max(0, p - c))
+    for incoming, slot in zip(order[c:].tolist(), evict.tolist()):
+        resident[slot] = incoming
+        walk.append(tuple(sorted(resident.tolist())))
+    is_train = np.zeros(p, dtype=bool)
+    is_train[train] = True
+    states, trained = [], []
+    for state in walk:
+        mine = tuple(k for k in state if is_train[k])
+        if mine:
+            states.append(state)
+            trained.append(mine)
     return _node_plan("dispersed", p, c, epoch, seed, states, trained, [1] * len(states),
-                      options={"train_partitions": train, "train_partitions_per_state": per_state})
+                      split_targets=True, options={"train_partitions": train})
 
 
 def static_cache_ids(degrees, fraction: float) -> np.ndarray:

@@ -11,7 +11,8 @@ Registered policies (`policy_names`)::
     beta           link   c partitions, one swap per state          buckets first met there
     comet          link   c/(p/l) random logical groups, one swap   buckets, random co-resident state
     sequential     node   every training partition + random fill    all training partitions, once
-    dispersed      node   some training partitions + random fill    its training partitions, once
+    dispersed      node   c random partitions, one swap per state   each training node once, in a random
+                                                                     state holding its partition
     hierbatching   node   a shuffled mega-batch of c partitions     its partitions, ``reuse`` passes
     in_memory      both   all p partitions (needs c >= p)           everything, once
 
@@ -113,6 +114,11 @@ class EpochPlan:
     trains; a training partition appears in the states whose passes sum to its visits."""
     passes: list[int] | None = None
     """Node classification: per state, passes over that state's training nodes (``reuse``)."""
+    split_targets: bool = False
+    """Node classification: a training partition listed in several states has its nodes
+    shared out among them, each node training in one state drawn uniformly among those
+    (`target_states`; DISPERSED); False: every state listing a partition trains all its
+    nodes."""
     logical_groups: tuple[tuple[int, ...], ...] | None = None
     """COMET: the physical partitions (ascending) of each logical partition this epoch."""
     logical_states: list[tuple[int, ...]] | None = None
@@ -122,6 +128,41 @@ class EpochPlan:
     (ties to the lower id), ascending; kept resident all epoch. None when not requested."""
     options: dict[str, Any] = field(default_factory=dict)
     """The policy options in effect (defaults filled in), for reports and reproduction."""
+
+    def target_states(self, partitions: np.ndarray) -> list[np.ndarray]:
+        """Per state, the positions in ``partitions`` (the partition of each training
+        node, ``[n]`` int) of the nodes that state trains (each position ascending).
+
+        Without `split_targets` a node trains in every state listing its partition; with
+        it, in one of them drawn uniformly from ``(seed, epoch)``, as MariusGNN's
+        DISPERSED assigns training nodes to buffer states.
+        """
+        parts = np.asarray(partitions, dtype=np.int64)
+        p, num = self.num_partitions, len(self.states)
+        listed = np.zeros((p, num), dtype=bool)  # [k, s]: state s trains partition k's nodes
+        for s, mine in enumerate(self.train_partitions or ()):
+            listed[list(mine), s] = True
+        count = listed.sum(axis=1)
+        _, states_of = np.nonzero(listed)  # grouped by partition, states ascending
+        first = np.concatenate([[0], np.cumsum(count)[:-1]])
+        if not self.split_targets:
+            # Every (node, state listing its partition) pair, nodes ascending.
+            node = np.repeat(np.arange(parts.size), count[parts])
+            start = np.repeat(np.cumsum(count[parts]) - count[parts], count[parts])
+            state = states_of[first[parts][node] + np.arange(node.size) - start]
+        else:
+            if parts.size and (count[parts] == 0).any():
+                raise ConfigError("a training node's partition is not trained in any state of the plan")
+            # One uniform draw per node among the states listing its partition.
+            draw = np.random.default_rng([self.seed, self.epoch, zlib.crc32(b"target_states")])
+            pick = (draw.random(parts.size) * count[parts]).astype(np.int64)
+            np.minimum(pick, count[parts] - 1, out=pick)  # float rounding must never pick `count`
+            node = np.arange(parts.size)
+            state = states_of[first[parts] + pick]
+        order = np.argsort(state, kind="stable")
+        bounds = np.searchsorted(state[order], np.arange(num + 1))
+        node = node[order]
+        return [node[bounds[s]:bounds[s + 1]] for s in range(num)]
 
     @property
     def num_states(self) -> int:
@@ -168,6 +209,7 @@ class EpochPlan:
             value = getattr(self, name)
             out[name] = None if value is None else [list(s) for s in value]
         out["passes"] = self.passes
+        out["split_targets"] = self.split_targets
         groups = self.logical_groups
         out["logical_groups"] = None if groups is None else [list(g) for g in groups]
         for name in ("bucket_states", "static_cache"):
