@@ -1,4 +1,4 @@
-"""The ``graphstore`` command: ``convert``, ``info``, ``verify``, ``upgrade``, ``plan``.
+"""The ``graphstore`` command: ``convert``, ``info``, ``verify``, ``upgrade``, ``hubs``, ``plan``.
 
 Exit codes: 0 success, 1 a known error (one line on stderr, no traceback), 2 bad usage.
 """
@@ -82,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--split", metavar="NAME", help="OGB: split directory to use when there are several")
     c.add_argument("--chunk-edges", type=_positive_int, default=1 << 20,
                    help="edges per streaming step (bounds memory; default 1048576)")
+    c.add_argument("--hub-fraction", type=float, default=0.01, metavar="F",
+                   help="fraction of nodes (highest degree) whose features and a contiguous copy of their "
+                        "edges form the hub group, HierBatching's static cache (default 0.01; 0: none)")
     c.add_argument("--json", action="store_true", help="print the resulting summary as JSON")
 
     i = sub.add_parser("info", help="summarise a store")
@@ -96,6 +99,13 @@ def _parser() -> argparse.ArgumentParser:
                                    "training read be verified to a store written before they existed "
                                    "(takes the store's writer lock; readers may keep it open).")
     u.add_argument("store")
+
+    h = sub.add_parser("hubs", help="rewrite the hub group (HierBatching's static cache) for a fraction",
+                       description="Write the hub group of STORE: the FRACTION highest-degree nodes, their "
+                                   "feature rows, and a copy of their edges grouped by partition, which "
+                                   "the mega-batch scheme's static cache reads (takes the writer lock).")
+    h.add_argument("store")
+    h.add_argument("--fraction", type=float, default=0.01, help="fraction of nodes (default 0.01; 0 removes it)")
 
     pl = sub.add_parser("plan", help="show a buffer policy's plan for one epoch",
                         description="Print the buffer states of one epoch and what each trains, "
@@ -140,6 +150,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         partitioner=args.partitioner, seed=args.seed, overwrite=args.overwrite,
         keep_self_loops=args.keep_self_loops, keep_duplicates=args.keep_duplicates,
         compress=args.compress, chunk_edges=args.chunk_edges, reader_options=reader_options,
+        hub_fraction=args.hub_fraction,
     )
     start = time.perf_counter()
     m = convert(args.source, args.out, options)
@@ -207,8 +218,23 @@ def _run_upgrade(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     result = upgrade_store(args.store)
     verb = "rebuilt" if result["had_checksums"] else "added"
-    print(f"{args.store}: {verb} segment checksums for {len(result['arrays'])} arrays "
+    hubs = " and the hub group (1 % of the nodes)" if result["added_hubs"] else ""
+    print(f"{args.store}: {verb} segment checksums for {len(result['arrays'])} arrays{hubs} "
           f"in {time.perf_counter() - start:.1f} s; every read is now verified")
+    return 0
+
+
+def _run_hubs(args: argparse.Namespace) -> int:
+    from graphstore.layout._upgrade import write_store_hubs
+
+    start = time.perf_counter()
+    r = write_store_hubs(args.store, args.fraction)
+    if not r["num_hubs"]:
+        print(f"{args.store}: no hub group (fraction {args.fraction:g})")
+        return 0
+    print(f"{args.store}: {r['num_hubs']:,} hubs ({args.fraction:g} of the nodes) touch {r['num_edges']:,} of "
+          f"{r['num_store_edges']:,} edges ({r['num_edges'] / max(1, r['num_store_edges']):.1%}); "
+          f"written in {time.perf_counter() - start:.1f} s")
     return 0
 
 
@@ -255,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
     handlers = {"convert": _run_convert, "info": _run_info, "verify": _run_verify, "upgrade": _run_upgrade,
-                "plan": _run_plan}
+                "hubs": _run_hubs, "plan": _run_plan}
     try:
         return handlers[args.command](args)
     except GraphStoreError as exc:

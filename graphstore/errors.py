@@ -38,6 +38,7 @@ __all__ = [
     "StoreNotFoundError",
     "StoreVersionError",
     "StoreWriteError",
+    "OutOfCoreWarning",
     "UnverifiedReadsWarning",
 ]
 
@@ -102,3 +103,9 @@ class BufferClosedError(GraphStoreError, RuntimeError):
 class UnverifiedReadsWarning(UserWarning):
     """A store written before segment checksums: its reads of single edge buckets and
     partitions are not verified until ``graphstore upgrade`` adds them (once per store)."""
+
+
+class OutOfCoreWarning(UserWarning):
+    """An out-of-core scheme will train worse than it could on this store: partitions
+    that cut most edges, or a mega-batch without the store's hub group (static cache).
+    The message says what to do; each is given once per process."""

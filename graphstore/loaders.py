@@ -13,8 +13,9 @@ Schemes (what an experienced user of DGL/PyG, HierBatching or MariusGNN would ex
 scheme      policy         resident
 =========== ============== ================================================================
 minibatch   in_memory      the whole graph (read once, kept across epochs): the reference
-megabatch   hierbatching   a quarter of the partitions (at least 2) + a static cache of the
-                           1 % highest-degree nodes; each mega-batch trained ``reuse=2`` times
+megabatch   hierbatching   a quarter of the partitions (at least 2) + the static cache: the
+                           store's hub group (1 % highest-degree nodes' rows resident, their
+                           edges re-read per state); each mega-batch trained ``reuse=2`` times
 disk        sequential /   half the partitions (MariusGNN); node classification uses
             dispersed /    ``sequential`` when every training partition fits, else
             comet / beta   ``dispersed``; link prediction ``comet`` (l = ceil(p / floor(c/2)),
@@ -29,6 +30,7 @@ trainers' ``--resume`` relies on it).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,11 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphstore.buffer import BufferManager, BufferMemory, BufferStats, StaticCache, plan_epoch, static_cache_ids
+from graphstore.buffer import BufferManager, BufferMemory, BufferStats, StaticCache, plan_epoch
 from graphstore.buffer.budget import capacity_for_budget
 from graphstore.buffer.memory import slots_needed
 from graphstore.buffer.resident import ResidentGraph
-from graphstore.errors import ConfigError
+from graphstore.errors import ConfigError, OutOfCoreWarning
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
 from graphstore.sample import Batch, sample_dense
@@ -50,6 +52,32 @@ from graphstore.sample.negatives import NegativeSample, sample_negatives
 __all__ = ["EdgeBatch", "EdgeLoader", "NodeBatch", "NodeLoader", "SCHEMES"]
 
 SCHEMES = ("minibatch", "megabatch", "disk")
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, OutOfCoreWarning, stacklevel=3)
+
+
+def _warn_if_partitions_scatter(store: Store, capacity: int) -> None:
+    """Warn once when the store's partitions cut so many edges that a partition-based
+    scheme would lose most of a target's neighbours (e.g. random partitions)."""
+    info = store.manifest.partitioner or {}
+    cut, p = info.get("edge_cut"), store.num_partitions
+    if cut is None or p <= 1 or capacity >= p:
+        return
+    # A cut edge leads to a uniformly random other partition, resident with probability
+    # (c - 1) / (p - 1); an uncut edge stays with its target.
+    kept = (1 - cut) + cut * (capacity - 1) / (p - 1)
+    if kept < 0.5:
+        _warn_once(f"{store.path}: its {info.get('method', '?')} partitions cut {cut:.1%} of the edges, so with "
+                   f"{capacity} of {p} partitions resident a target keeps about {kept:.0%} of its neighbours; "
+                   f"convert with --partitioner metis (or stream, for graphs METIS cannot hold), or use the "
+                   f"minibatch scheme")
 
 
 def _epoch_generator(seed: int, epoch: int, salt: int) -> torch.Generator:
@@ -65,7 +93,7 @@ class _Loader:
 
     def __init__(self, store: Store, *, scheme: str, policy: str | None, capacity: int | None,
                  buffer_bytes: int | None, seed: int, prefetch: bool, embedding_dim: int = 0,
-                 cache_fraction: float = 0.0, policy_options: dict[str, Any] | None = None) -> None:
+                 cache_fraction: float | None = 0.0, policy_options: dict[str, Any] | None = None) -> None:
         if scheme not in SCHEMES:
             raise ConfigError(f"scheme must be one of {SCHEMES} (got {scheme!r})")
         if capacity is not None and buffer_bytes is not None:
@@ -74,27 +102,33 @@ class _Loader:
         p = store.num_partitions
         self.policy = policy or self._default_policy(scheme)
         self.options = dict(policy_options or {})
-        self.cache_fraction = float(cache_fraction)
+        # None: the store's hub group when it has one (HierBatching's static cache), else
+        # none; a fraction asks for exactly that group (`StaticCache.open` says how to write it).
         self.cache: StaticCache | None = None
-        if self.cache_fraction > 0:
-            degrees = store.read_degree("in") + store.read_degree("out")
-            self.options.update(degrees=degrees, static_cache_fraction=self.cache_fraction)
-            # The cache is the top-degree nodes whatever the capacity: load it first, so a
-            # byte budget counts its rows and edges.
-            self.cache = StaticCache.load(store, static_cache_ids(degrees, self.cache_fraction))
+        if cache_fraction is not None and (isinstance(cache_fraction, bool) or not 0 <= cache_fraction <= 1):
+            raise ConfigError(f"static_cache must be a fraction of the nodes in [0, 1] (got {cache_fraction!r})")
+        if cache_fraction is None:
+            if store.hubs is not None:
+                self.cache = StaticCache.open(store)
+            else:
+                _warn_once(f"{store.path}: no hubs/ group, so mega-batches run without HierBatching's static "
+                           f"cache; `graphstore hubs {store.path}` writes it")
+        elif cache_fraction > 0:
+            self.cache = StaticCache.open(store, float(cache_fraction))
+        self.cache_fraction = 0.0 if self.cache is None else self.cache.fraction
         if scheme == "minibatch":
             c = p
         elif buffer_bytes is not None:
-            cache_nodes = 0 if self.cache is None else self.cache.num_nodes
-            cache_edges = 0 if self.cache is None else int(self.cache.src.size)
             c, self.footprint = capacity_for_budget(
                 store, buffer_bytes, self.policy, prefetch=prefetch, embedding_dim=embedding_dim,
-                cache_nodes=cache_nodes, cache_edges=cache_edges, seed=seed, **self._plan_options())
+                static_cache=self.cache, seed=seed, **self._plan_options())
         elif capacity is not None:
             c = int(capacity)
         else:
             c = max(2, math.ceil(p / 4)) if scheme == "megabatch" else max(2, math.ceil(p / 2))
         self.capacity = min(c, p)
+        if scheme != "minibatch":
+            _warn_if_partitions_scatter(store, self.capacity)
         self.memory: BufferMemory | None = None
         self.embedding_dim = embedding_dim
         self.epoch_stats: list[BufferStats] = []
@@ -186,7 +220,10 @@ class NodeLoader(_Loader):
     reuse : int, optional
         Passes over each state's targets (megabatch default 2, else 1).
     static_cache : float, optional
-        Fraction of nodes in the static cache (megabatch default 0.01; 0 = none).
+        Fraction of nodes in the static cache: the store's hub group must be for that
+        fraction (``graphstore hubs STORE --fraction F``); 0 = none. Default for the
+        megabatch scheme: the store's hub group (1 % of the nodes unless converted
+        otherwise), or none, with a warning, for a store without one.
     shuffle : bool
         Shuffle targets in each pass (off for evaluation: every target exactly once).
     nodes : array of int, optional
@@ -225,8 +262,8 @@ class NodeLoader(_Loader):
         self.fanouts, self.batch_size, self.shuffle, self.direction = tuple(fanouts), int(batch_size), shuffle, direction
         target_parts = np.unique(self.targets // store.partition_size)
         self.train_partitions = target_parts.tolist()
-        if static_cache is None:
-            static_cache = 0.01 if scheme == "megabatch" and (policy or "hierbatching") == "hierbatching" else 0.0
+        if static_cache is None and not (scheme == "megabatch" and (policy or "hierbatching") == "hierbatching"):
+            static_cache = 0.0  # only HierBatching has a static cache by default
         self.reuse = int(reuse) if reuse is not None else (2 if scheme == "megabatch" else 1)
         self._capacity_arg = capacity
         super().__init__(store, scheme=scheme, policy=policy, capacity=capacity, buffer_bytes=buffer_bytes,

@@ -73,3 +73,29 @@ def test_partition_bytes_accepts_units(edge_list, tmp_path):
     info = json.loads(run("info", out, "--json").stdout)
     assert info["num_partitions"] > 4
     assert info["partitioner"]["num_partitions_rule"].startswith("--partition-bytes: ceil(")
+
+
+def test_hubs_rewrites_the_static_cache_group_and_upgrade_adds_it(edge_list, tmp_path):
+    import graphstore
+
+    out = tmp_path / "g.gs"
+    run("convert", edge_list, out, "--partitions", "4", "--partitioner", "random", "--hub-fraction", "0")
+    with graphstore.open(out) as store:
+        assert store.hubs is None
+    proc = run("upgrade", out)
+    assert "and the hub group" in proc.stdout
+    with graphstore.open(out) as store:
+        assert store.hubs.fraction == 0.01 and store.hubs.num_hubs == 2  # ceil(0.01 * 200)
+    proc = run("hubs", out, "--fraction", "0.1")
+    assert "20 hubs (0.1 of the nodes) touch" in proc.stdout
+    with graphstore.open(out) as store:
+        assert store.hubs.num_hubs == 20 and store.verifies_partial_reads
+    run("verify", out)
+    proc = run("hubs", out, "--fraction", "1.5", check_code=1)
+    assert proc.stderr.count("\n") == 1 and "hub fraction must be in [0, 1]" in proc.stderr
+    run("hubs", out, "--fraction", "0")
+    with graphstore.open(out) as store:
+        assert store.hubs is None
+    run("verify", out)
+    proc = run("convert", edge_list, tmp_path / "bad.gs", "--partitions", "4", "--hub-fraction", "-1", check_code=1)
+    assert "--hub-fraction must be in [0, 1]" in proc.stderr and not (tmp_path / "bad.gs").exists()

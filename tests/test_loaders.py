@@ -13,7 +13,7 @@ import graphstore
 from graphstore.buffer import plan_epoch
 from graphstore.buffer.budget import footprint
 from graphstore.buffer.policies import default_logical_partitions
-from graphstore.errors import ConfigError
+from graphstore.errors import ConfigError, OutOfCoreWarning
 from graphstore.layout._convert import ConvertOptions, convert
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.loaders import EdgeLoader, NodeLoader
@@ -236,3 +236,26 @@ def test_a_link_budget_down_to_two_logical_pairs_is_accepted(tmp_path):
         assert 2 < c < p and bigger.settings["num_logical_partitions"] == default_logical_partitions(p, c)
         with pytest.raises(ConfigError, match="below the"):
             EdgeLoader(store, batch_size=64, negatives=2, scheme="disk", buffer_bytes=smallest // 4)
+
+
+def test_scattering_partitions_and_a_missing_hub_group_are_warned_about(tmp_path):
+    graph, _ = make_graph(num_nodes=400, num_edges=3000, directed=True, seed=9)
+    convert(graph, tmp_path / "g.gs", ConvertOptions(num_partitions=8, partitioner="random", seed=1,
+                                                      hub_fraction=0.0))
+    with graphstore.open(tmp_path / "g.gs") as store:
+        cut = store.manifest.partitioner["edge_cut"]
+        with pytest.warns(OutOfCoreWarning) as record:
+            loader = NodeLoader(store, fanouts=(2,), batch_size=50, scheme="megabatch", capacity=2)
+        text = " ".join(str(w.message) for w in record)
+        assert f"cut {cut:.1%} of the edges" in text and "--partitioner metis" in text
+        assert "no hubs/ group" in text and f"graphstore hubs {store.path}" in text
+        assert loader.cache is None and loader.settings["static_cache_nodes"] == 0
+        # The in-memory scheme loses nothing: no warning about the partitions.
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", OutOfCoreWarning)
+            NodeLoader(store, fanouts=(2,), batch_size=50, scheme="minibatch")
+        with pytest.raises(ConfigError, match="graphstore hubs"):
+            NodeLoader(store, fanouts=(2,), batch_size=50, scheme="megabatch", static_cache=0.01)
+        with pytest.raises(ConfigError, match="static_cache must be a fraction"):
+            NodeLoader(store, fanouts=(2,), batch_size=50, scheme="megabatch", static_cache=1.5)

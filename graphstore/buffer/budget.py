@@ -5,14 +5,14 @@ A user knows how much memory the buffer may take, not how many partitions that i
 
 - the slots (`BufferMemory`): ``slots_needed`` partitions of rows (features, int32 labels,
   float32 embedding + optimizer state), which with prefetch covers two consecutive states;
-- the static cache: its int64 ids, its rows twice (the `StaticCache` keeps the copy it
-  read, the buffer holds its own), and its edges (source and destination in the store's
-  index dtype, their int32 positions among the cache ids, and int32 relations);
-- the edge buckets held (source dtype src + dst (+ int32 rel)) and the two assembled
+- the static cache: its rows (once, in the buffer's cache rows), its int64 ids and
+  segment offsets; its edges are not held for the run but read per state, below;
+- the edge buckets held (source dtype src + dst (+ int32 rel)), and with a static cache
+  the hub segments of the held partitions and the hub-hub segment; the two assembled
   graphs alive at once (the one trained and the one ready): int64 ``indices`` (+ ``rel``)
   per edge, int64 ``indptr`` and ``node_ids`` per local row; plus the temporaries of the
-  graph being assembled (three int64s per edge, five with relations), which with prefetch
-  exist while the previous state trains.
+  graph being assembled (three int64s per edge, five with relations, and the widened
+  copies of one hub segment), which with prefetch exist while the previous state trains.
 
 `capacity_for_budget` plans epoch 0 for each candidate capacity and returns the largest
 whose plan fits; other epochs of a randomised policy differ only in which partitions meet,
@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from graphstore.buffer.cache import StaticCache
 from graphstore.buffer.memory import slots_needed
 from graphstore.buffer.policies import plan_epoch
 from graphstore.errors import ConfigError
@@ -50,23 +51,28 @@ class BufferFootprint:
 
 
 def footprint(store: Store, states: Sequence[Sequence[int]], *, prefetch: bool = True, with_features: bool = True,
-              embedding_dim: int = 0, cache_nodes: int = 0, cache_edges: int = 0) -> BufferFootprint:
+              embedding_dim: int = 0, static_cache: StaticCache | None = None) -> BufferFootprint:
     """What a `BufferManager` over ``states`` holds at its peak (see the module docstring)."""
     m, P, p = store.manifest, store.partition_size, store.num_partitions
     row = 4 * m.has_labels + 8 * embedding_dim
     if with_features and m.has_features:
         row += m.feature_dim * np.dtype(m.feature_dtype).itemsize
     slots = slots_needed(states, prefetch=prefetch)
-    cache_row = row - 8 * embedding_dim
+    cache_nodes = 0 if static_cache is None else static_cache.num_nodes
+    cache_bytes = 0 if static_cache is None else cache_nodes * (row - 8 * embedding_dim) + static_cache.nbytes
     raw_edge = 2 * np.dtype(m.index_dtype).itemsize + 4 * m.has_relations
-    cache_bytes = cache_nodes * (2 * cache_row + 8) + cache_edges * (raw_edge + 2 * 4)  # + int64 ids
     sizes = np.diff(store.bucket_offsets).reshape(p, p)  # sizes[j, i]: bucket (i, j)
+    hub_sizes = np.zeros(p + 1, np.int64) if static_cache is None else static_cache.segment_sizes
     graph_edge = 8 + 8 * m.has_relations
     local_rows = slots * P + cache_nodes
 
     def edges(parts: set[int]) -> int:
+        """Bucket edges among ``parts``, plus (with a cache) their hub segments' edges, an
+        upper bound on the hub edges a state keeps."""
+        if not parts:
+            return 0
         idx = np.fromiter(parts, np.int64)
-        return int(sizes[np.ix_(idx, idx)].sum())
+        return int(sizes[np.ix_(idx, idx)].sum()) + int(hub_sizes[idx].sum() + hub_sizes[p])
 
     states = [set(s) for s in states]
     peak = 0
@@ -74,17 +80,19 @@ def footprint(store: Store, states: Sequence[Sequence[int]], *, prefetch: bool =
     # Assembling a graph needs its int64 sources, destinations (and relations) joined, then
     # the sort order, before the sorted copy is the graph's: 3 (5) int64s per edge besides it.
     assembly_edge = 24 + 16 * m.has_relations
+    # A hub segment is widened to int64 and mapped before its kept edges join (one at a time).
+    segment_temporaries = int(hub_sizes.max(initial=0)) * (48 + 8 * m.has_relations)
     for now, after in pairs:
         held = edges(now | after) * raw_edge
         graphs = (edges(now) + edges(after)) * graph_edge + (2 if after else 1) * local_rows * 16
-        assembling = edges(after if prefetch else now) * assembly_edge
-        peak = max(peak, held + graphs + assembling + cache_edges * graph_edge * 2)
+        assembling = edges(after if prefetch else now) * assembly_edge + segment_temporaries
+        peak = max(peak, held + graphs + assembling)
     return BufferFootprint(slots, slots * P * row, cache_bytes, peak)
 
 
 def capacity_for_budget(store: Store, budget_bytes: int, policy: str, *, prefetch: bool = True,
-                        with_features: bool = True, embedding_dim: int = 0, cache_nodes: int = 0,
-                        cache_edges: int = 0, seed: int = 0, **options: Any) -> tuple[int, BufferFootprint]:
+                        with_features: bool = True, embedding_dim: int = 0, static_cache: StaticCache | None = None,
+                        seed: int = 0, **options: Any) -> tuple[int, BufferFootprint]:
     """The largest capacity c whose epoch-0 plan fits in ``budget_bytes``, and its footprint.
 
     Raises
@@ -102,7 +110,6 @@ def capacity_for_budget(store: Store, budget_bytes: int, policy: str, *, prefetc
     if budget <= 0:
         raise ConfigError(f"buffer bytes must be positive (got {budget_bytes})")
     p = store.num_partitions
-    cache = dict(cache_nodes=cache_nodes, cache_edges=cache_edges)
 
     def need(c: int) -> BufferFootprint | None:
         try:
@@ -110,7 +117,7 @@ def capacity_for_budget(store: Store, budget_bytes: int, policy: str, *, prefetc
         except ConfigError:
             return None  # too small for the policy
         return footprint(store, plan.states, prefetch=prefetch, with_features=with_features,
-                         embedding_dim=embedding_dim, **cache)
+                         embedding_dim=embedding_dim, static_cache=static_cache)
 
     smallest = next(((c, f) for c in range(1, p + 1) if (f := need(c)) is not None), None)
     if smallest is None:

@@ -50,7 +50,7 @@ import numpy as np
 
 from graphstore.buffer.cache import StaticCache
 from graphstore.buffer.memory import BufferMemory, SlotPlan, assign_slots, slots_needed
-from graphstore.buffer.resident import Bucket, ResidentGraph, assemble_resident_graph, fill_cache_rows
+from graphstore.buffer.resident import Bucket, ResidentGraph, assemble_resident_graph, fill_cache_rows, read_hub_segment
 from graphstore.errors import BufferClosedError, ConfigError, StoreWriteError
 from graphstore.layout._chunkio import ReadStats
 from graphstore.layout.embeddings import EmbeddingTable
@@ -101,6 +101,8 @@ class BufferStats:
     unverified_reads: int = 0
     """Reads of parts of chunks nothing checked: 0 unless the store predates segment
     checksums (``graphstore upgrade`` adds them). Embedding chunks are checked on their own."""
+    hub_segments_read: int = 0
+    """Static cache: hub edge segments read (the non-empty ones)."""
 
     @property
     def read_bandwidth(self) -> float:
@@ -189,6 +191,28 @@ def _bucket_reads(states: Sequence[tuple[int, ...]], plan: SlotPlan, p: int, *,
     return reads
 
 
+def _hub_reads(states: Sequence[tuple[int, ...]], plan: SlotPlan, p: int, *, holder: Sequence[int] = (),
+               held_segments: Sequence[int] = ()) -> list[list[int]]:
+    """Per state, the hub segments it must read: those of its partitions not read since the
+    partition entered its slot, and the hub-hub segment (p) the first time."""
+    held = {k for k in holder if k >= 0}
+    have = set(held_segments)
+    reads = []
+    for parts, admitted, evicted in zip(states, plan.admitted, plan.evicted, strict=True):
+        held -= {k for _, k in evicted}
+        held |= set(admitted)
+        have = {g for g in have if g == p or g in held}
+        needed = sorted(g for g in (*parts, p) if g not in have)
+        have.update(needed)
+        reads.append(needed)
+    return reads
+
+
+def _hub_edge_bytes(store: Store) -> int:
+    m = store.manifest
+    return 2 * np.dtype(m.index_dtype).itemsize + (4 if m.has_relations else 0)
+
+
 def _row_bytes(store: Store, *, with_features: bool, embedding_dim: int) -> int:
     m = store.manifest
     row = 8 * embedding_dim  # float32 value + optimizer state
@@ -200,14 +224,18 @@ def _row_bytes(store: Store, *, with_features: bool, embedding_dim: int) -> int:
 
 
 def _plan_bytes(store: Store, states: Sequence[tuple[int, ...]], plan: SlotPlan, *, row_bytes: int,
-                holder: Sequence[int] = (), cached: Sequence[tuple[int, int]] = ()) -> int:
-    m = store.manifest
-    edge_bytes = 2 * np.dtype(m.index_dtype).itemsize + (4 if m.has_relations else 0)
+                holder: Sequence[int] = (), cached: Sequence[tuple[int, int]] = (),
+                static_cache: StaticCache | None = None, held_segments: Sequence[int] = ()) -> int:
+    edge_bytes = _hub_edge_bytes(store)
     offsets, total = store.bucket_offsets, 0
     reads = _bucket_reads(states, plan, store.num_partitions, holder=holder, cached=cached)
     for admitted, needed in zip(plan.admitted, reads, strict=True):
         total += sum(np.subtract(*store.partition_range(k)[::-1]) for k in admitted) * row_bytes
         total += sum(int(offsets[b + 1]) - int(offsets[b]) for b in needed) * edge_bytes
+    if static_cache is not None:
+        sizes = static_cache.segment_sizes
+        for needed in _hub_reads(states, plan, store.num_partitions, holder=holder, held_segments=held_segments):
+            total += int(sizes[needed].sum()) * edge_bytes
     return int(total)
 
 
@@ -273,7 +301,7 @@ class _Loader:
         self.counts = dict(partitions_loaded=0, swaps=0, buckets_read=0, requests=0, bytes_read=0,
                            read_seconds=0.0, assemble_seconds=0.0, partitions_written=0,
                            bytes_written=0, write_seconds=0.0, chunks_verified=0, segments_verified=0,
-                           unverified_reads=0)
+                           unverified_reads=0, hub_segments_read=0)
         self.stop_requested: Callable[[], bool] = lambda: False
 
     def _count(self, seconds: float, **added: int) -> None:
@@ -325,8 +353,10 @@ class _Loader:
             del self.buckets[key]
         row_requests = self._row_requests(pairs)
         bucket_requests, place_buckets = self._bucket_requests(parts, where)
-        got = self._read(row_requests + bucket_requests)
-        place_buckets(got[len(row_requests):])
+        hub_requests, place_hubs = self._hub_requests(parts, held)
+        got = self._read(row_requests + bucket_requests + hub_requests)
+        place_buckets(got[len(row_requests):len(row_requests) + len(bucket_requests)])
+        place_hubs(got[len(row_requests) + len(bucket_requests):])
         self._read_embeddings(pairs)
         for k, z in pairs:
             memory.holder[z] = k
@@ -344,7 +374,7 @@ class _Loader:
             graph = memory.last_graph[1]
         else:
             graph = assemble_resident_graph(self.store, parts, slots, memory=memory, buckets=self.buckets,
-                                            static_cache=self.static_cache)
+                                            static_cache=self.static_cache, hub_edges=memory.hub_edges)
             memory.last_graph = (key, graph)
         with self.lock:
             self.counts["assemble_seconds"] += time.perf_counter() - t0
@@ -376,6 +406,36 @@ class _Loader:
             out = memory.embeddings[memory.slot_rows(z, stop - start)].numpy()
             self.table.read_partition(k, out)
             self._count(time.perf_counter() - t0, requests=1, bytes_read=out.nbytes)
+
+    def _hub_requests(self, parts: Sequence[int], held: set[int]):
+        """Reads of the hub segments of ``parts`` (and the hub-hub one) not held, one range
+        per segment and edge array, and the function that files them. Segments of
+        partitions no longer held are dropped first."""
+        cache, memory = self.static_cache, self.memory
+        if cache is None:
+            return [], lambda arrays: None
+        p = self.store.num_partitions
+        for g in [g for g in memory.hub_edges if g != p and g not in held]:
+            del memory.hub_edges[g]
+        needed = [g for g in (*sorted(parts), p) if g not in memory.hub_edges]
+        names = ["hubs/" + name for name in self.edge_names]
+        nonempty = [g for g in needed if cache.segment_sizes[g] > 0]
+        requests = [(name, int(cache.segment_offsets[g]), int(cache.segment_offsets[g + 1]), None)
+                    for g in nonempty for name in names]
+
+        def place(arrays: list[np.ndarray]) -> None:
+            got = iter(arrays)
+            for g in needed:
+                if g in nonempty:
+                    src, dst, *rel = (next(got) for _ in names)
+                else:
+                    src = dst = np.zeros(0, np.int64)
+                    rel = [np.zeros(0, np.int32)] if len(names) == 3 else []
+                memory.hub_edges[g] = (src, dst, rel[0] if rel else None)
+            with self.lock:
+                self.counts["hub_segments_read"] += len(nonempty)
+
+        return requests, place
 
     def _bucket_requests(self, parts: Sequence[int], slot_of: dict[int, int]):
         """Reads of the buckets among ``parts`` not held, one range per byte-contiguous span
@@ -623,11 +683,17 @@ class BufferManager:
                            embedding_dim=dim, cache_rows=cache_rows)
         plan = assign_slots(planned, memory.num_slots, prefetch=prefetch, holder=memory.holder)
         self.memory = memory
+        if static_cache is None or memory.cache_filled != (str(store.path), static_cache.fraction):
+            memory.hub_edges.clear()  # segments of another cache, or none
         self.planned_bytes = _plan_bytes(
             store, planned, plan, holder=memory.holder, cached=list(memory.buckets),
-            row_bytes=_row_bytes(store, with_features=memory.features is not None, embedding_dim=dim))
-        if static_cache is not None:
-            fill_cache_rows(memory, static_cache)
+            row_bytes=_row_bytes(store, with_features=memory.features is not None, embedding_dim=dim),
+            static_cache=static_cache, held_segments=list(memory.hub_edges))
+        if static_cache is not None and memory.cache_filled != (str(store.path), static_cache.fraction):
+            # The hubs' rows are read once per memory (not per epoch), outside the stats:
+            # `StaticCache` reports them.
+            fill_cache_rows(memory, static_cache, store)
+            memory.cache_filled = (str(store.path), static_cache.fraction)
         memory.in_use = True
         self._cond = threading.Condition()
         self._loader = _Loader(store, planned, plan, memory=memory, embeddings=embeddings,

@@ -152,6 +152,11 @@ class BufferMemory:
     edges: dict = field(default_factory=dict)
     """Edge array name -> [num_slots, max in-edges of a partition]: slot z's region holds
     buckets (i, j) of the partition j in slot z at their offsets within j's in-edges."""
+    hub_edges: dict = field(default_factory=dict)
+    """Static cache: hub segments ``g -> (src, dst, rel)`` read while partition g is held
+    (g = p, the hub-hub segment, stays once read)."""
+    cache_filled: tuple | None = None
+    """Which static cache the cache rows hold (read once per memory, not per epoch)."""
     last_graph: tuple | None = None
     """``(key, ResidentGraph)`` of the last state assembled, reused while its slots hold the
     same partitions (the graph's arrays are not copied)."""

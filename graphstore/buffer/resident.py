@@ -10,7 +10,8 @@ search among the cache ids), never a hash table.
 
 The edges are those of the subgraph induced by the resident nodes (every bucket (i, j)
 with i and j resident) plus, with a static cache, every edge between a cache node and a
-resident or cache node that no bucket already holds.
+resident or cache node that no bucket already holds: from the store's hub segments of the
+resident partitions and the hub-hub segment (`graphstore.layout._hubs`).
 """
 
 from __future__ import annotations
@@ -122,15 +123,24 @@ class ResidentGraph:
         return torch.from_numpy(_local_ids(ids, self.slot_of, P, self.cache_ids, self.cache_start))
 
 
-def fill_cache_rows(memory: BufferMemory, cache: StaticCache) -> None:
-    """Copy the cache's feature rows and labels into the buffer's cache rows."""
+def fill_cache_rows(memory: BufferMemory, cache: StaticCache, store: Store) -> int:
+    """Read the cache's feature rows and labels from the store's hub group straight into
+    the buffer's cache rows (one sequential, verified read each); returns the bytes read."""
     if memory.cache_rows != cache.num_nodes:
         raise ConfigError(f"the buffer has {memory.cache_rows} cache rows for a cache of {cache.num_nodes} nodes")
     rows = slice(memory.cache_start, memory.cache_start + cache.num_nodes)
-    if memory.features is not None and cache.features is not None:
-        memory.features[rows] = torch.from_numpy(cache.features)
-    if memory.labels is not None and cache.labels is not None:
-        memory.labels[rows] = torch.from_numpy(cache.labels)
+    requests = [(f"hubs/{name}", 0, cache.num_nodes, tensor[rows].numpy())
+                for name, tensor in (("features", memory.features), ("labels", memory.labels))
+                if tensor is not None]
+    return sum(a.nbytes for a in store.read_many(requests)) if cache.num_nodes else 0
+
+
+def read_hub_segment(store: Store, g: int) -> Bucket:
+    """Hub segment g of the store (`Store.hub_segment_range`) as ``(src, dst, rel)``."""
+    lo, hi = store.hub_segment_range(g)
+    names = ["hubs/edges/src", "hubs/edges/dst"] + (["hubs/edges/rel"] if store.manifest.has_relations else [])
+    src, dst, *rel = store.read_many([(name, lo, hi, None) for name in names])
+    return src, dst, rel[0] if rel else None
 
 
 def build_resident_graph(store: Store, partitions: Sequence[int], *, with_features: bool = True,
@@ -156,11 +166,13 @@ def build_resident_graph(store: Store, partitions: Sequence[int], *, with_featur
             memory.features[rows] = torch.from_numpy(store.read_features(k))
         if memory.labels is not None:
             memory.labels[rows] = torch.from_numpy(store.read_labels(k))
+    hub_edges = {}
     if static_cache is not None:
-        fill_cache_rows(memory, static_cache)
+        fill_cache_rows(memory, static_cache, store)
+        hub_edges = {g: read_hub_segment(store, g) for g in (*parts, store.num_partitions)}
     buckets = {(i, j): store.read_bucket(i, j) for j in parts for i in parts}
     return assemble_resident_graph(store, parts, tuple(range(len(parts))), memory=memory, buckets=buckets,
-                                   static_cache=static_cache)
+                                   static_cache=static_cache, hub_edges=hub_edges)
 
 
 def _check_partitions(store: Store, partitions: Sequence[int]) -> tuple[int, ...]:
@@ -180,6 +192,7 @@ def assemble_resident_graph(
     memory: BufferMemory,
     buckets: Mapping[tuple[int, int], Bucket],
     static_cache: StaticCache | None = None,
+    hub_edges: Mapping[int, Bucket] | None = None,
 ) -> ResidentGraph:
     """Build the `ResidentGraph` of ``partitions`` held in ``slots`` of ``memory``.
 
@@ -197,7 +210,10 @@ def assemble_resident_graph(
     buckets : mapping (i, j) -> (src, dst, rel)
         Every bucket among ``partitions``: [m] store ids each, ``rel`` [m] or None.
     static_cache : StaticCache, optional
-        Cache nodes and edges (their rows must be in ``memory``'s cache rows).
+        Cache nodes (their rows must be in ``memory``'s cache rows).
+    hub_edges : mapping g -> (src, dst, rel)
+        With a static cache: hub segment g of every resident partition g and the hub-hub
+        segment (g = p), as `read_hub_segment` returns them.
 
     Raises
     ------
@@ -241,21 +257,24 @@ def assemble_resident_graph(
             dst_parts.append(shifted(d, j))
             if r is not None:
                 rel_parts.append(r.astype(np.int64))
-    if static_cache is not None and static_cache.src.size:
-        c = static_cache
-        src_slot, dst_slot = slot_of[c.src // P], slot_of[c.dst // P]
-        # Keep an edge when each end is resident or cached, unless both ends are resident:
-        # then it came with its bucket already. Local ids are computed for kept edges only
-        # (on a power-law graph the cache's edges are many; so would be the temporaries).
-        keep = ((src_slot >= 0) | (c.src_pos >= 0)) & ((dst_slot >= 0) | (c.dst_pos >= 0))
-        keep &= (src_slot < 0) | (dst_slot < 0)
-        ends_of = ((c.src, src_slot, c.src_pos, src_parts), (c.dst, dst_slot, c.dst_pos, dst_parts))
-        for ends, slot, pos, out in ends_of:
-            ids_k, slot_k = ends[keep].astype(np.int64), slot[keep]
-            cached_local = memory.cache_start + pos[keep].astype(np.int64)
-            out.append(np.where(slot_k >= 0, slot_k * P + ids_k % P, cached_local))
-        if c.rel is not None:
-            rel_parts.append(c.rel[keep].astype(np.int64))
+    if cache_ids.size:
+        p = store.num_partitions
+        for g in (*sorted(parts), p):
+            s, d, r = hub_edges[g]
+            if s.size == 0:
+                continue
+            s, d = s.astype(np.int64), d.astype(np.int64)
+            s_slot, d_slot = slot_of[s // P], slot_of[d // P]
+            # Segment g < p: one end is a hub, the other a node of resident partition g;
+            # segment p: both ends are hubs. Keep the edges no bucket holds, i.e. those with
+            # an end outside the resident partitions (which is then a hub, cached).
+            keep = (s_slot < 0) | (d_slot < 0)
+            for ends, slot, out in ((s, s_slot, src_parts), (d, d_slot, dst_parts)):
+                ids_k, slot_k = ends[keep], slot[keep]
+                pos = np.searchsorted(cache_ids, ids_k)  # an end off the slots is a hub
+                out.append(np.where(slot_k >= 0, slot_k * P + ids_k % P, memory.cache_start + pos))
+            if r is not None:
+                rel_parts.append(r[keep].astype(np.int64))
     empty = np.zeros(0, np.int64)
     # The parts are dropped as soon as they are joined: this runs beside training, and its
     # temporaries count against the same memory (`graphstore.buffer.budget`).
@@ -268,7 +287,7 @@ def assemble_resident_graph(
     # Group by destination. Buckets come in partition order of j, then i, each sorted by
     # (dst, src) in the store, so a stable sort by dst alone leaves bucket edges in
     # ascending source store id within a destination (timsort merges the sorted runs,
-    # several times faster than a lexsort); cache edges follow them, in store order.
+    # several times faster than a lexsort); hub edges follow them, segment by segment.
     order = np.argsort(dst, kind="stable")
     indptr = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=num_nodes), out=indptr[1:])  # counts need no order

@@ -137,8 +137,9 @@ class SegmentTable:
     crcs: np.ndarray
     """[S] uint32 crc32c of each segment's raw little-endian bytes (0 when empty)."""
     kind: str
-    """``"buckets"`` (segment ``b = j * p + i``: edges from partition i into j) or
-    ``"partitions"`` (segment k: the rows of partition k)."""
+    """``"buckets"`` (segment ``b = j * p + i``: edges from partition i into j),
+    ``"partitions"`` (segment k: the rows of partition k), ``"hub_segments"`` (segment g:
+    the hub edges of partition g, p: hub-hub) or ``"whole"`` (one segment)."""
     num_partitions: int
     """p, to name a bucket by its two partitions."""
 
@@ -154,6 +155,10 @@ class SegmentTable:
         if self.kind == "buckets":
             p = self.num_partitions
             return f"bucket (src partition {s % p}, dst partition {s // p})"
+        if self.kind == "hub_segments":
+            return "hub-hub edges" if s == self.num_partitions else f"hub edges of partition {s}"
+        if self.kind == "whole":
+            return "the whole array"
         return f"partition {s}"
 
 

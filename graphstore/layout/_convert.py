@@ -45,6 +45,7 @@ from graphstore.layout._durable import exchange, fsync_dir, fsync_tree
 from graphstore.layout._features import write_features
 from graphstore.layout._lock import StoreLock
 from graphstore.layout._progress import progress_bar
+from graphstore.layout._hubs import DEFAULT_HUB_FRACTION, write_hubs
 from graphstore.layout._segments import write_segment_checksums
 from graphstore.layout._staging import NODE_CHUNK, EdgeStager, StagedEdges
 from graphstore.layout._writer import StoreWriter, write_node_arrays, write_splits
@@ -94,6 +95,9 @@ class ConvertOptions:
     """Passed to the source reader (``directed``, ``features``, ``labels``, ``root``...)."""
     progress: bool | None = None
     """tqdm bars: None shows them only on a terminal."""
+    hub_fraction: float = DEFAULT_HUB_FRACTION
+    """Fraction of nodes (highest degree) in the hub group, HierBatching's static cache
+    (`graphstore.layout._hubs`); 0 writes none."""
 
 
 def convert(source: str | os.PathLike | SourceGraph, out: str | os.PathLike,
@@ -217,6 +221,9 @@ def _memory_note() -> str:
 
 
 def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manifest:
+    hub_fraction = opts.hub_fraction
+    if isinstance(hub_fraction, bool) or not isinstance(hub_fraction, (int, float)) or not 0 <= hub_fraction <= 1:
+        raise ConfigError(f"--hub-fraction must be in [0, 1] (got {hub_fraction!r})")
     timings: dict[str, float] = {}
     root = zarr.open_group(str(tmp), mode="w", zarr_format=3)  # "w" empties tmp: before _work
     work = tmp / "_work"
@@ -259,6 +266,9 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
         num_edges, cut_edges = write_edges(layout, staged, store_id, work, opts.chunk_edges, opts.keep_duplicates)
     with _phase("write splits", timings):
         split_counts, split_kinds = write_splits(layout, graph, store_id, work)
+    with _phase("hubs", timings):
+        write_hubs(tmp, fraction=opts.hub_fraction, num_nodes=graph.num_nodes, num_partitions=p,
+                   partition_size=partition_size)
     with _phase("segment checksums", timings):
         # Read back through the chunks' own checksums, so the tables describe verified data.
         write_segment_checksums(tmp, num_partitions=p, partition_size=partition_size)

@@ -12,6 +12,9 @@ with one checksum per piece it is read in (`graphstore.layout._chunkio.SegmentTa
                                       rows [bucket_offsets[b], bucket_offsets[b+1])
       nodes/<array>                   [p] uint32    partition k: rows [k*P, min((k+1)*P, N))
                                       (features, labels, orig_id, store_id, degrees)
+      hubs/edges/src, dst, rel        [p+1] uint32  hub segment g: rows [offsets[g], offsets[g+1])
+                                      of the hub group's edge copy (`graphstore.layout._hubs`)
+      hubs/ids, features, labels      [1] uint32    the whole array (read whole, at once)
 
 Each entry is the crc32c of the rows' raw little-endian bytes, exactly the bytes of the
 chunk files, so a reader checks what it read without decoding anything. The tables are
@@ -56,7 +59,9 @@ def segment_arrays(group: zarr.Group) -> dict[str, str]:
     read only whole, through zarr); edge arrays are ``edges/src``, ``dst`` and ``rel``.
     """
     kinds: dict[str, str] = {}
-    for prefix, kind, names in (("nodes", "partitions", None), ("edges", "buckets", ("src", "dst", "rel"))):
+    for prefix, kind, names in (("nodes", "partitions", None), ("edges", "buckets", ("src", "dst", "rel")),
+                                ("hubs/edges", "hub_segments", ("src", "dst", "rel")),
+                                ("hubs", "whole", ("ids", "features", "labels"))):
         if prefix not in group:
             continue
         for name, member in group[prefix].members():
@@ -68,10 +73,27 @@ def segment_arrays(group: zarr.Group) -> dict[str, str]:
 
 
 def _bounds(kind: str, *, num_rows: int, partition_size: int, num_partitions: int,
-            bucket_offsets: np.ndarray) -> np.ndarray:
+            bucket_offsets: np.ndarray, hub_offsets=None) -> np.ndarray:
     if kind == "buckets":
         return np.asarray(bucket_offsets, dtype=np.int64)
+    if kind == "hub_segments":
+        return np.asarray(hub_offsets(), dtype=np.int64)
+    if kind == "whole":
+        return np.array([0, num_rows], dtype=np.int64)
     return np.minimum(np.arange(num_partitions + 1, dtype=np.int64) * partition_size, num_rows)
+
+
+def _hub_offsets(root: zarr.Group, reader: ChunkReader):
+    """A function reading ``hubs/offsets`` whole (chunk-verified), once, when first asked."""
+    got: list[np.ndarray] = []
+
+    def read() -> np.ndarray:
+        if not got:
+            array = root["hubs/offsets"]
+            got.append(reader.read(ArrayLayout.of(array, name="hubs/offsets"), 0, array.shape[0])[0])
+        return got[0]
+
+    return read
 
 
 def segment_crcs(reader: ChunkReader, layout: ArrayLayout, bounds: np.ndarray) -> np.ndarray:
@@ -130,7 +152,8 @@ def write_segment_checksums(path: str | Path, *, num_partitions: int, partition_
         for name, kind in kinds.items():
             array = root[name]
             bounds = _bounds(kind, num_rows=array.shape[0], partition_size=partition_size,
-                             num_partitions=num_partitions, bucket_offsets=offsets)
+                             num_partitions=num_partitions, bucket_offsets=offsets,
+                             hub_offsets=_hub_offsets(root, reader))
             crcs = segment_crcs(reader, ArrayLayout.of(array), bounds)
             table = new_array(group, name, shape=crcs.shape, dtype="uint32", chunks=(max(1, len(crcs)),))
             table[...] = crcs
@@ -162,6 +185,7 @@ def load_segment_tables(root: zarr.Group, where: str, *, num_partitions: int, pa
         return None
     tables = {}
     reader = shared_reader()
+    hub_offsets = _hub_offsets(root, reader)
     for name, kind in dict(record.get("arrays", {})).items():
         try:
             array = group[name]
@@ -169,8 +193,11 @@ def load_segment_tables(root: zarr.Group, where: str, *, num_partitions: int, pa
             raise CorruptStoreError(f"{where}: {CHECKSUMS_GROUP}/{name} is missing") from None
         # Whole chunks, each verified by its own crc32c (a missing file fails too).
         crcs, _ = reader.read(ArrayLayout.of(array, name=f"{CHECKSUMS_GROUP}/{name}"), 0, array.shape[0])
-        bounds = _bounds(kind, num_rows=root[name].shape[0], partition_size=partition_size,
-                         num_partitions=num_partitions, bucket_offsets=bucket_offsets)
+        try:
+            bounds = _bounds(kind, num_rows=root[name].shape[0], partition_size=partition_size,
+                             num_partitions=num_partitions, bucket_offsets=bucket_offsets, hub_offsets=hub_offsets)
+        except KeyError:
+            raise CorruptStoreError(f"{where}: {name}, which {CHECKSUMS_GROUP}/ covers, is missing") from None
         if len(crcs) != len(bounds) - 1:
             raise CorruptStoreError(f"{where}: {CHECKSUMS_GROUP}/{name} has {len(crcs)} entries, "
                                     f"expected {len(bounds) - 1} ({kind})")

@@ -28,6 +28,7 @@ from graphstore.errors import (
     UnverifiedReadsWarning,
 )
 from graphstore.layout._chunkio import ArrayLayout, ReadStats, shared_reader
+from graphstore.layout._hubs import HubIndex, read_hub_index
 from graphstore.layout._lock import StoreLock
 from graphstore.layout._segments import load_segment_tables
 from graphstore.layout.base import FORMAT_VERSION, MANIFEST_KEY, Manifest
@@ -125,6 +126,8 @@ class Store:
             partition_size=self.partition_size, bucket_offsets=self.bucket_offsets)
         if self._segment_tables is None:
             _warn_unverified(self.path)
+        self._hubs = read_hub_index(self._root, str(self.path), num_partitions=self.num_partitions,
+                                    read_whole=self._read_whole)
 
     @property
     def verifies_partial_reads(self) -> bool:
@@ -371,6 +374,22 @@ class Store:
         names = ["edges/src", "edges/dst"] + (["edges/rel"] if self.manifest.has_relations else [])
         src, dst, *rel = self.read_many([(name, start, stop, None) for name in names])
         return src, dst, rel[0] if rel else None
+
+    @property
+    def hubs(self) -> HubIndex | None:
+        """The hub group (HierBatching's static-cache nodes and the contiguous copy of their
+        edges: `graphstore.layout._hubs`), or None when the store has none."""
+        return self._hubs
+
+    def hub_segment_range(self, g: int) -> tuple[int, int]:
+        """Rows ``[start, stop)`` of ``hubs/edges/*`` holding the edges between hubs and the
+        non-hub nodes of partition g (``g == num_partitions``: the hub-hub edges)."""
+        hubs = self.hubs
+        if hubs is None:
+            raise ConfigError(f"{self.path}: no hubs/ group; `graphstore hubs {self.path}` writes it")
+        if not 0 <= g <= self.num_partitions:
+            raise ConfigError(f"hub segment must be in [0, {self.num_partitions}] (got {g})")
+        return int(hubs.offsets[g]), int(hubs.offsets[g + 1])
 
     def read_degree(self, kind: str = "in") -> np.ndarray:
         """[N] int64 degree of every node: ``"in"``, ``"out"`` or ``"total"``."""

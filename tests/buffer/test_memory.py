@@ -26,7 +26,7 @@ STATE = st.lists(st.integers(0, P - 1), min_size=0, max_size=4, unique=True).map
 def store(tmp_path_factory):
     graph, _ = make_graph(num_nodes=300, num_edges=3000, directed=True)
     out = tmp_path_factory.mktemp("mem") / "g.gs"
-    convert(graph, out, ConvertOptions(num_partitions=P, partitioner="random", seed=1))
+    convert(graph, out, ConvertOptions(num_partitions=P, partitioner="random", seed=1, hub_fraction=0.05))
     return graphstore.open(out)
 
 
@@ -59,29 +59,39 @@ def test_slot_plans_are_sound(states, prefetch, extra):
 
 def test_hierbatching_with_its_static_cache(store):
     degree = store.read_degree("in") + store.read_degree("out")
-    plan = plan_epoch("hierbatching", num_partitions=P, capacity=2, epoch=0, seed=4, degrees=degree,
-                      static_cache_fraction=0.05, reuse=1)
-    cache = StaticCache.load(store, plan.static_cache)
+    plan = plan_epoch("hierbatching", num_partitions=P, capacity=2, epoch=0, seed=4, reuse=1)
+    cache = StaticCache.open(store, 0.05)
     np.testing.assert_array_equal(cache.ids, static_cache_ids(degree, 0.05))
-    with BufferManager(store, plan.states, static_cache=cache) as buffer:
-        for loaded in buffer:
-            want = build_resident_graph(store, plan.states[loaded.index], static_cache=cache)
-            assert_same_graph(loaded.graph, want)
-            assert loaded.graph.num_nodes == buffer.memory.num_slots * store.partition_size + cache.num_nodes
+    memory = BufferMemory.allocate(store, 4, cache_rows=cache.num_nodes)
+    for epoch in range(2):  # the second epoch finds the cache rows filled, and re-reads no row
+        with BufferManager(store, plan.states, static_cache=cache, memory=memory) as buffer:
+            for loaded in buffer:
+                want = build_resident_graph(store, plan.states[loaded.index], static_cache=cache)
+                assert_same_graph(loaded.graph, want)
+                assert loaded.graph.num_nodes == buffer.memory.num_slots * store.partition_size + cache.num_nodes
+        stats = buffer.stats
+        # Each state read its partitions' hub segments (and the hub-hub one, once): exactly the plan.
+        assert stats.bytes_read == stats.planned_bytes and stats.hub_segments_read > 0
     assert buffer.memory.num_slots == 4  # two disjoint mega-batches of 2 at once
+    with pytest.raises(ConfigError, match="graphstore hubs"):
+        StaticCache.open(store, 0.1)
 
 
-def test_footprint_counts_the_static_cache_as_held(store):
-    degree = store.read_degree("in") + store.read_degree("out")
-    cache = StaticCache.load(store, static_cache_ids(degree, 0.05))
+def test_footprint_counts_the_static_cache_rows_once_and_each_states_hub_edges(store):
+    cache = StaticCache.open(store)
     states = [(0, 1), (2, 3)]
     bare = footprint(store, states)
-    with_cache = footprint(store, states, cache_nodes=cache.num_nodes, cache_edges=int(cache.src.size))
+    with_cache = footprint(store, states, static_cache=cache)
     memory = BufferMemory.allocate(store, bare.slots, cache_rows=cache.num_nodes)
     bytes_per_row = sum(t[0].nbytes for t in (memory.features, memory.labels) if t is not None)
-    # The cache's own arrays (ids, rows, edges, positions) plus the buffer's cache rows.
-    assert with_cache.cache_bytes == cache.nbytes + cache.num_nodes * bytes_per_row
+    # The cache's rows, once (in the buffer), and its ids and segment offsets.
+    assert with_cache.cache_bytes == cache.num_nodes * bytes_per_row + cache.ids.nbytes + cache.segment_offsets.nbytes
     assert with_cache.slot_bytes == bare.slot_bytes
+    # Hub edges are per state: those of the resident partitions' segments and the hub-hub one.
+    sizes = cache.segment_sizes
+    assert with_cache.edge_bytes > bare.edge_bytes
+    hub_edges_held = int(sizes[[0, 1, 2, 3]].sum() + sizes[P])
+    assert with_cache.edge_bytes - bare.edge_bytes >= hub_edges_held * 8  # int32 src + dst, at least
 
 
 def test_memory_is_reused_across_epochs_and_guarded(store):

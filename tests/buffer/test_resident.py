@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import graphstore
 from graphstore.buffer import StaticCache, static_cache_ids
-from graphstore.buffer.resident import build_resident_graph
+from graphstore.buffer.resident import build_resident_graph, read_hub_segment
 from graphstore.errors import ConfigError
 from graphstore.layout._convert import ConvertOptions, convert
 from tests.buffer.helpers import canonical, induced_edges
@@ -20,12 +20,24 @@ from tests.conftest import make_graph
 P = 7  # partitions
 
 
+FRACTIONS = (0.0, 0.05, 0.3)
+
+
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def stores(tmp_path_factory):
+    """The same graph, with hub groups for each of ``FRACTIONS`` (0: none)."""
     graph, _ = make_graph(num_nodes=230, num_edges=2500, directed=True, num_relations=3)
-    path = tmp_path_factory.mktemp("r") / "g.gs"
-    convert(graph, path, ConvertOptions(num_partitions=P, partitioner="random", seed=2))
-    return graphstore.open(path)
+    out = {}
+    for fraction in FRACTIONS:
+        path = tmp_path_factory.mktemp("r") / "g.gs"
+        convert(graph, path, ConvertOptions(num_partitions=P, partitioner="random", seed=2, hub_fraction=fraction))
+        out[fraction] = graphstore.open(path)
+    return out
+
+
+@pytest.fixture(scope="module")
+def store(stores):
+    return stores[0.05]
 
 
 @settings(max_examples=25, deadline=None)
@@ -46,11 +58,13 @@ def test_resident_graph_is_the_induced_subgraph(store, partitions):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.integers(0, P - 1), min_size=0, max_size=P, unique=True), st.sampled_from([0.0, 0.05, 0.3]))
-def test_with_a_static_cache_it_is_the_subgraph_induced_with_the_cache(store, partitions, fraction):
-    """HierBatching: resident partitions plus the top-degree nodes, their rows and edges."""
+@given(st.lists(st.integers(0, P - 1), min_size=0, max_size=P, unique=True), st.sampled_from(FRACTIONS))
+def test_with_a_static_cache_it_is_the_subgraph_induced_with_the_cache(stores, partitions, fraction):
+    """HierBatching: resident partitions plus the top-degree nodes, their rows, and the
+    edges the two induce (read from the hub segments of the resident partitions)."""
+    store = stores[fraction]
     ids = static_cache_ids(store.read_degree("in") + store.read_degree("out"), fraction)
-    cache = StaticCache.load(store, ids)
+    cache = StaticCache.open(store, fraction) if fraction else None
     g = build_resident_graph(store, partitions, static_cache=cache)
     nodes, edges, features, labels = canonical(g)
     resident = np.concatenate([[]] + [np.arange(*store.partition_range(k)) for k in partitions])
@@ -61,18 +75,37 @@ def test_with_a_static_cache_it_is_the_subgraph_induced_with_the_cache(store, pa
     np.testing.assert_array_equal(labels, store.labels[...][nodes])
 
 
-def test_static_cache_holds_the_edges_of_its_nodes(store):
+@pytest.mark.parametrize("fraction", [0.05, 0.3])
+def test_the_hub_group_holds_each_hub_edge_once_by_segment(stores, fraction):
+    store = stores[fraction]
+    hubs = store.hubs
     degree = store.read_degree("in") + store.read_degree("out")
-    ids = static_cache_ids(degree, 0.1)
-    cache = StaticCache.load(store, ids)
+    np.testing.assert_array_equal(hubs.ids, static_cache_ids(degree, fraction))
     src = store.array("edges/src")[...].astype(np.int64)
     dst = store.array("edges/dst")[...].astype(np.int64)
-    touch = np.isin(src, ids) | np.isin(dst, ids)
-    assert sorted(zip(cache.src.tolist(), cache.dst.tolist())) == sorted(zip(src[touch].tolist(), dst[touch].tolist()))
-    np.testing.assert_array_equal(cache.features, store.features[...][ids])
-    assert cache.bytes_read > 0
-    with pytest.raises(ConfigError, match="static cache ids"):
-        StaticCache.load(store, [store.num_nodes])
+    rel = store.array("edges/rel")[...]
+    is_hub = np.zeros(store.num_nodes, bool)
+    is_hub[hubs.ids] = True
+    touch = is_hub[src] | is_hub[dst]
+    got = []
+    for g in range(P + 1):
+        s, d, r = read_hub_segment(store, g)
+        s, d = s.astype(np.int64), d.astype(np.int64)
+        if g < P:  # one hub end; the other end is a non-hub node of partition g
+            other = np.where(is_hub[s], d, s)
+            assert (is_hub[s] ^ is_hub[d]).all() and (other // store.partition_size == g).all()
+        else:
+            assert (is_hub[s] & is_hub[d]).all()
+        got += list(zip(s.tolist(), d.tolist(), r.tolist()))
+    assert sorted(got) == sorted(zip(src[touch].tolist(), dst[touch].tolist(), rel[touch].tolist()))
+    np.testing.assert_array_equal(store.array("hubs/features")[...], store.features[...][hubs.ids])
+    np.testing.assert_array_equal(store.array("hubs/labels")[...], store.labels[...][hubs.ids])
+
+
+def test_a_store_without_hubs_names_the_command(stores):
+    assert stores[0.0].hubs is None
+    with pytest.raises(ConfigError, match="graphstore hubs"):
+        StaticCache.open(stores[0.0])
 
 
 def test_id_maps(store):

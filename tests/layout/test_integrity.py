@@ -315,3 +315,27 @@ def test_a_replaced_store_moved_aside_by_a_killed_convert_is_restored(tmp_path):
     with pytest.raises(graphstore.StoreExistsError):  # it is back, so a plain convert refuses
         convert(small, out, ConvertOptions(num_partitions=2))
     assert graphstore.open(out).num_nodes == 100 and not aside.exists()
+
+
+def test_flipped_bit_in_the_hub_group_fails_its_read(copy):
+    from graphstore.buffer.resident import read_hub_segment
+
+    store = graphstore.open(copy)
+    sizes = store.hubs.segment_sizes
+    g = int(np.argmax(sizes[:-1]))  # the largest partition segment
+    lo, hi = store.hub_segment_range(g)
+    chunk = store.array("hubs/edges/dst").chunks[0]
+    assert hi - lo > 2 and (lo > 0 or hi < store.hubs.num_edges)  # a part of a chunk
+    _flip(copy, "hubs/edges/dst", lo + 1, row_bytes=4, chunk_rows=chunk)
+    store = graphstore.open(copy)
+    with pytest.raises(CorruptStoreError, match=rf"hubs/edges/dst hub edges of partition {g} .*checksum mismatch"):
+        read_hub_segment(store, g)
+    with pytest.raises(CorruptStoreError, match="hubs/edges/dst"):
+        verify_store(copy)
+    _flip(copy, "hubs/features", 0, row_bytes=4 * 6, chunk_rows=store.array("hubs/features").chunks[0], suffix="/0")
+    store = graphstore.open(copy)
+    from graphstore.buffer import BufferMemory, StaticCache
+    from graphstore.buffer.resident import fill_cache_rows
+    cache = StaticCache.open(store)
+    with pytest.raises(CorruptStoreError, match="hubs/features"):
+        fill_cache_rows(BufferMemory.allocate(store, 1, cache_rows=cache.num_nodes), cache, store)

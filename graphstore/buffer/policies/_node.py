@@ -21,6 +21,7 @@ from graphstore.buffer.policies.base import (
     register_policy,
 )
 from graphstore.errors import ConfigError
+from graphstore.layout._hubs import hub_ids
 
 __all__ = ["static_cache_ids"]
 
@@ -148,11 +149,7 @@ def static_cache_ids(degrees, fraction: float) -> np.ndarray:
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating, np.integer)) \
             or not 0.0 <= fraction <= 1.0:
         raise ConfigError(f"static_cache_fraction must be in [0, 1] (got {fraction!r})")
-    k = math.ceil(fraction * len(deg))
-    # A stable sort on the negated degree keeps equal degrees in id order.
-    # Widen first: negating an unsigned array would wrap around.
-    order = np.argsort(-deg.astype(np.float64 if deg.dtype.kind == "f" else np.int64), kind="stable")
-    return np.sort(order[:k]).astype(np.int64)
+    return hub_ids(deg, fraction)  # the rule the store's hub group is written with
 
 
 @register_policy("hierbatching", task=TASK_NODE,
