@@ -374,7 +374,8 @@ class _Loader:
             graph = memory.last_graph[1]
         else:
             graph = assemble_resident_graph(self.store, parts, slots, memory=memory, buckets=self.buckets,
-                                            static_cache=self.static_cache, hub_edges=memory.hub_edges)
+                                            static_cache=self.static_cache, hub_edges=memory.hub_edges,
+                                            hub_positions=memory.hub_positions)
             memory.last_graph = (key, graph)
         with self.lock:
             self.counts["assemble_seconds"] += time.perf_counter() - t0
@@ -685,6 +686,7 @@ class BufferManager:
         self.memory = memory
         if static_cache is None or memory.cache_filled != (str(store.path), static_cache.fraction):
             memory.hub_edges.clear()  # segments of another cache, or none
+            memory.hub_positions.clear()
         self.planned_bytes = _plan_bytes(
             store, planned, plan, holder=memory.holder, cached=list(memory.buckets),
             row_bytes=_row_bytes(store, with_features=memory.features is not None, embedding_dim=dim),

@@ -155,6 +155,8 @@ class BufferMemory:
     hub_edges: dict = field(default_factory=dict)
     """Static cache: hub segments ``g -> (src, dst, rel)`` read while partition g is held
     (g = p, the hub-hub segment, stays once read)."""
+    hub_positions: dict = field(default_factory=dict)
+    """The hub-hub segment's ends as positions among the cache ids (computed once)."""
     cache_filled: tuple | None = None
     """Which static cache the cache rows hold (read once per memory, not per epoch)."""
     last_graph: tuple | None = None

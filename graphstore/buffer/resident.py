@@ -175,6 +175,51 @@ def build_resident_graph(store: Store, partitions: Sequence[int], *, with_featur
                                    static_cache=static_cache, hub_edges=hub_edges)
 
 
+def _add_hub_edges(store: Store, parts: Sequence[int], slot_of: np.ndarray, cache_ids: np.ndarray,
+                   memory: BufferMemory, hub_edges: Mapping[int, Bucket], hub_positions: dict | None,
+                   src_parts: list, dst_parts: list, rel_parts: list) -> None:
+    """Append, in local ids, the hub edges no bucket holds: those with an end outside the
+    resident partitions (which is then a hub, in its cache row)."""
+    P, p = store.partition_size, store.num_partitions
+    hub_slot = slot_of[cache_ids // P]
+    hub_resident = hub_slot >= 0
+    # Each hub's local id this state: its slot row when its partition is resident, else
+    # its cache row.
+    hub_local = np.where(hub_resident, hub_slot * P + cache_ids % P,
+                         memory.cache_start + np.arange(cache_ids.size, dtype=np.int64))
+    for g in sorted(parts):
+        s, d, r = hub_edges[g]
+        if s.size == 0:
+            continue
+        # Segment g: one end is a non-hub node of partition g (resident). An edge is kept
+        # when its hub end's partition is not resident, so that end is outside g: the end
+        # outside g is the hub whenever it matters (an edge with both ends in g is dropped).
+        hub_is_src = s // P != g
+        hub = np.where(hub_is_src, s, d)
+        keep = np.flatnonzero(slot_of[hub // P] < 0)
+        hub_is_src = hub_is_src[keep]
+        hub_loc = memory.cache_start + np.searchsorted(cache_ids, hub[keep])
+        other = np.where(hub_is_src, d[keep], s[keep]).astype(np.int64) + int(slot_of[g] - g) * P
+        src_parts.append(np.where(hub_is_src, hub_loc, other))
+        dst_parts.append(np.where(hub_is_src, other, hub_loc))
+        if r is not None:
+            rel_parts.append(r[keep].astype(np.int64))
+    s, d, r = hub_edges[p]
+    if s.size == 0:
+        return
+    positions = None if hub_positions is None else hub_positions.get(p)
+    if positions is None:
+        positions = (np.searchsorted(cache_ids, s).astype(np.int32), np.searchsorted(cache_ids, d).astype(np.int32))
+        if hub_positions is not None:
+            hub_positions[p] = positions
+    sp, dp = positions
+    keep = np.flatnonzero(~(hub_resident[sp] & hub_resident[dp]))
+    src_parts.append(hub_local[sp[keep]])
+    dst_parts.append(hub_local[dp[keep]])
+    if r is not None:
+        rel_parts.append(r[keep].astype(np.int64))
+
+
 def _check_partitions(store: Store, partitions: Sequence[int]) -> tuple[int, ...]:
     parts = tuple(int(k) for k in partitions)
     if len(set(parts)) != len(parts):
@@ -193,6 +238,7 @@ def assemble_resident_graph(
     buckets: Mapping[tuple[int, int], Bucket],
     static_cache: StaticCache | None = None,
     hub_edges: Mapping[int, Bucket] | None = None,
+    hub_positions: dict | None = None,
 ) -> ResidentGraph:
     """Build the `ResidentGraph` of ``partitions`` held in ``slots`` of ``memory``.
 
@@ -214,6 +260,9 @@ def assemble_resident_graph(
     hub_edges : mapping g -> (src, dst, rel)
         With a static cache: hub segment g of every resident partition g and the hub-hub
         segment (g = p), as `read_hub_segment` returns them.
+    hub_positions : dict, optional
+        Where the hub-hub segment's ends sit among the cache ids, computed on first use
+        and kept here (the buffer keeps it with the segment, so later states skip it).
 
     Raises
     ------
@@ -258,23 +307,8 @@ def assemble_resident_graph(
             if r is not None:
                 rel_parts.append(r.astype(np.int64))
     if cache_ids.size:
-        p = store.num_partitions
-        for g in (*sorted(parts), p):
-            s, d, r = hub_edges[g]
-            if s.size == 0:
-                continue
-            s, d = s.astype(np.int64), d.astype(np.int64)
-            s_slot, d_slot = slot_of[s // P], slot_of[d // P]
-            # Segment g < p: one end is a hub, the other a node of resident partition g;
-            # segment p: both ends are hubs. Keep the edges no bucket holds, i.e. those with
-            # an end outside the resident partitions (which is then a hub, cached).
-            keep = (s_slot < 0) | (d_slot < 0)
-            for ends, slot, out in ((s, s_slot, src_parts), (d, d_slot, dst_parts)):
-                ids_k, slot_k = ends[keep], slot[keep]
-                pos = np.searchsorted(cache_ids, ids_k)  # an end off the slots is a hub
-                out.append(np.where(slot_k >= 0, slot_k * P + ids_k % P, memory.cache_start + pos))
-            if r is not None:
-                rel_parts.append(r[keep].astype(np.int64))
+        _add_hub_edges(store, parts, slot_of, cache_ids, memory, hub_edges, hub_positions,
+                       src_parts, dst_parts, rel_parts)
     empty = np.zeros(0, np.int64)
     # The parts are dropped as soon as they are joined: this runs beside training, and its
     # temporaries count against the same memory (`graphstore.buffer.budget`).

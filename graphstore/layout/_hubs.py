@@ -17,7 +17,8 @@ only the edges the mega-batch induces. This module writes that copy::
       edges/src, edges/dst, edges/rel
                    [m]               every stored edge with a hub end, once, by segment:
                                      segment g < p holds the edges between a hub and a
-                                     non-hub node of partition g; segment p the hub-hub edges
+                                     non-hub node of partition g; segment p the hub-hub edges;
+                                     inside a segment by (dst is a hub, dst, src)
 
 Where we depart from the paper, and why: the paper groups the copy by hub and reads all of
 it for each mega-batch. Grouped by the partition of the non-hub end, a mega-batch of c
@@ -229,6 +230,7 @@ def _build(path: Path, out: Path, reader: ChunkReader, fraction: float, num_node
         cursor += size
     if not np.array_equal(cursor, offsets[1:]):
         raise CorruptStoreError(f"{path}: the edges changed between two reads while building hubs/")
+    _sort_segments(scratch, offsets, is_hub, names)
 
     chunk = root["edges/src"].chunks[0]
     for n in names:
@@ -243,6 +245,23 @@ def _build(path: Path, out: Path, reader: ChunkReader, fraction: float, num_node
     group.attrs[ATTRS_KEY] = {"version": _VERSION, "fraction": fraction, "num_hubs": int(k),
                               "num_edges": m, "degree": "in+out"}
     return HubIndex(ids, offsets, fraction)
+
+
+def _sort_segments(scratch: dict[str, np.ndarray], offsets: np.ndarray, is_hub: np.ndarray,
+                   names: list[str]) -> None:
+    """Order each segment by (destination is a hub, destination, source): a state maps
+    the non-hub destinations of a segment to one slot and the hub ones to the cache rows,
+    both in id order, so a segment joins the resident graph as two sorted runs and the
+    by-destination sort of the assembly merges runs instead of sorting at random. One
+    segment in memory at a time."""
+    for g in range(len(offsets) - 1):
+        lo, hi = int(offsets[g]), int(offsets[g + 1])
+        if hi - lo < 2:
+            continue
+        src, dst = scratch["src"][lo:hi], scratch["dst"][lo:hi]
+        order = np.lexsort((src, dst, is_hub[dst]))
+        for n in names:
+            scratch[n][lo:hi] = scratch[n][lo:hi][order]
 
 
 def _copy_rows(root: zarr.Group, group: zarr.Group, reader: ChunkReader, ids: np.ndarray, P: int) -> None:
