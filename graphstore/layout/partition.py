@@ -52,14 +52,11 @@ Examples
 
 from __future__ import annotations
 
-import itertools
 import logging
 import mmap
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -68,14 +65,13 @@ import numpy as np
 
 from graphstore.errors import ConfigError
 from graphstore.layout._fast import unique
-from graphstore.layout._staging import ScratchFile, StagedEdges
+from graphstore.layout._staging import StagedEdges
 
 __all__ = [
     "PARTITIONERS",
     "PartitionResult",
     "Partitioner",
     "available_partitioners",
-    "default_memory_bytes",
     "equal_blocks",
     "partition_nodes",
     "register_partitioner",
@@ -86,10 +82,6 @@ logger = logging.getLogger(__name__)
 
 NODE_CHUNK = 1 << 20
 """Nodes per step when a partitioner or check walks the [N] labels chunk by chunk."""
-
-PARTITION_MEMORY_BYTES = 1 << 30
-"""Default memory budget of the ``stream`` partitioner, raised to what the node state
-of a graph needs (`default_memory_bytes`)."""
 
 LABELS_FILE = "partition_labels.npy"
 """Disk-backed labels of ``random`` / ``sequential``, next to the staged edges."""
@@ -124,9 +116,6 @@ class Partitioner(Protocol):
         Non-negative seed; the same seed must give the same labels.
     chunk_edges : int
         Edges per chunk for partitioners that stream over ``edges.iter_chunks``.
-    memory_bytes : int
-        Memory budget (bytes) for partitioners that can keep to one (``stream``); the
-        others state their memory in their docstrings and ignore it.
 
     Returns
     -------
@@ -138,8 +127,7 @@ class Partitioner(Protocol):
     """
 
     def __call__(
-        self, edges: StagedEdges, num_partitions: int, seed: int, chunk_edges: int,
-        memory_bytes: int,
+        self, edges: StagedEdges, num_partitions: int, seed: int, chunk_edges: int
     ) -> tuple[np.ndarray, dict[str, Any]]: ...
 
 
@@ -173,20 +161,6 @@ def register_partitioner(name: str) -> Callable[[Partitioner], Partitioner]:
 def available_partitioners() -> tuple[str, ...]:
     """Sorted names of the registered partitioners."""
     return tuple(sorted(_REGISTRY))
-
-
-def default_memory_bytes(num_nodes: int) -> int:
-    """The ``stream`` budget when none is given: `PARTITION_MEMORY_BYTES`, or its O(N)
-    node state plus 256 MiB of blocks when that is more (above about 33M nodes).
-
-    Examples
-    --------
-    >>> default_memory_bytes(1000) == PARTITION_MEMORY_BYTES
-    True
-    >>> default_memory_bytes(100_000_000) // 2**20
-    2544
-    """
-    return max(PARTITION_MEMORY_BYTES, _STREAM_NODE_BYTES * num_nodes + (256 << 20))
 
 
 def _partition_size(num_nodes: int, num_partitions: int) -> int:
@@ -280,7 +254,6 @@ def partition_nodes(
     num_partitions: int,
     seed: int,
     chunk_edges: int = 1 << 22,
-    partition_memory_bytes: int | None = None,
 ) -> PartitionResult:
     """Partition the source nodes of ``edges`` with the partitioner named ``method``.
 
@@ -297,9 +270,6 @@ def partition_nodes(
         Non-negative seed; the same seed gives the same labels.
     chunk_edges : int, default 2**22
         Edges per chunk for streaming partitioners (one chunk is held at a time).
-    partition_memory_bytes : int, optional
-        Memory budget of ``stream`` (its arrays; the interpreter and libraries come on
-        top); None: `default_memory_bytes`. The other partitioners ignore it.
 
     Returns
     -------
@@ -311,9 +281,7 @@ def partition_nodes(
     ------
     ConfigError
         Unknown ``method`` (the message lists the known names), ``p`` outside
-        ``[1, N]``, a negative seed, ``chunk_edges < 1``, a
-        ``partition_memory_bytes`` that is not a positive int, or (``stream``) one
-        below what N nodes need.
+        ``[1, N]``, a negative seed or ``chunk_edges < 1``.
     """
     if method not in _REGISTRY:
         raise ConfigError(
@@ -326,19 +294,9 @@ def partition_nodes(
         raise ConfigError(f"seed must be a non-negative int (got {seed!r})")
     if chunk_edges < 1:
         raise ConfigError(f"chunk_edges must be >= 1 (got {chunk_edges})")
-    if partition_memory_bytes is None:
-        memory_bytes = default_memory_bytes(num_nodes)
-    elif (isinstance(partition_memory_bytes, bool)
-          or not isinstance(partition_memory_bytes, int | np.integer) or partition_memory_bytes < 1):
-        raise ConfigError(
-            f"partition_memory_bytes must be a positive int (got {partition_memory_bytes!r})"
-        )
-    else:
-        memory_bytes = int(partition_memory_bytes)
 
     began = time.perf_counter()
-    labels, info = _REGISTRY[method](edges, int(num_partitions), int(seed), int(chunk_edges),
-                                     memory_bytes)
+    labels, info = _REGISTRY[method](edges, int(num_partitions), int(seed), int(chunk_edges))
     seconds = time.perf_counter() - began
 
     if not isinstance(labels, np.ndarray):
@@ -558,13 +516,13 @@ def _labels_file(edges: StagedEdges) -> str:
 
 @register_partitioner("sequential")
 def _sequential(
-    edges: StagedEdges, num_partitions: int, seed: int, chunk_edges: int, memory_bytes: int
+    edges: StagedEdges, num_partitions: int, seed: int, chunk_edges: int
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Source id order cut into contiguous equal blocks (keeps the source's locality).
 
     Written chunk by chunk to a disk-backed [N] int64 array: O(chunk) memory.
     """
-    del seed, chunk_edges, memory_bytes  # deterministic and edge-free by definition
+    del seed, chunk_edges  # deterministic and edge-free by definition
     num_nodes = edges.num_nodes
     size = _partition_size(num_nodes, num_partitions)
     labels = _disk_array(_labels_file(edges), num_nodes, np.int64)
@@ -628,7 +586,7 @@ class _FeistelPermutation:
 
 @register_partitioner("random")
 def _random(
-    edges: StagedEdges, num_partitions: int, seed: int, chunk_edges: int, memory_bytes: int
+    edges: StagedEdges, num_partitions: int, seed: int, chunk_edges: int
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """A seeded pseudo-random permutation cut into equal groups (MariusGNN's default).
 
@@ -637,7 +595,7 @@ def _random(
     so `equal_blocks` / `store_order` keep them intact. Computed chunk by chunk into a
     disk-backed [N] int64 array: O(chunk) memory.
     """
-    del chunk_edges, memory_bytes  # O(chunk) by construction
+    del chunk_edges
     num_nodes = edges.num_nodes
     size = _partition_size(num_nodes, num_partitions)
     perm = _FeistelPermutation(num_nodes, seed)
@@ -807,7 +765,7 @@ cut into 70 % on the blocks, while 0.1 % costs one point of METIS's own cut.
 
 @register_partitioner("metis")
 def _metis(
-    edges: StagedEdges, num_partitions: int, seed: int, chunk_edges: int, memory_bytes: int
+    edges: StagedEdges, num_partitions: int, seed: int, chunk_edges: int
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """METIS k-way minimum edge cut on the symmetrised simple graph (HierBatching).
 
@@ -822,7 +780,6 @@ def _metis(
     exactly the store's equal blocks. ``info["edge_cuts"]`` is METIS's own objective
     (cut undirected edges) before that move.
     """
-    del memory_bytes  # METIS needs the whole graph; nothing to trade for memory
     num_nodes = edges.num_nodes
     if num_partitions == 1:
         return np.zeros(num_nodes, dtype=np.int64), {"edge_cuts": 0}
@@ -861,700 +818,317 @@ def _metis(
 
 # -------------------------------------------------------------------------------- stream
 
-
-_STREAM_NODE_BYTES = 24
-"""Bytes per node of ``stream``'s O(N) state at its peak: the int32 node order, cluster
-map, labels and own-partition weights, and the int64 labels it returns."""
-_STREAM_ENTRY_BYTES = 48
-"""Peak bytes per adjacency entry of the block being worked on: the block's CSR, the
-gathered neighbour ids, a copy of the weights, and the scores of one pass."""
-_STREAM_RAW_ENTRY_BYTES = 32
-"""Peak bytes per raw (row, column, weight) entry while a block's CSR is built."""
-_STREAM_STAGED_EDGE_BYTES = 96
-"""Peak bytes per staged edge of a chunk during the distribution pass (both directions,
-block ids, the sort order)."""
-_STREAM_MIN_BLOCK_BYTES = 16 << 20
-"""The budget must leave at least this much beside the O(N) state for the blocks."""
-_STREAM_GROUPS = 16
-"""Row groups per pass: moves are decided for a whole group at once from the state
-before it, so two neighbours in one group can swap past each other; with the rows in a
-random order a group holds 1/16 of a node's neighbours on average."""
-_STREAM_CLUSTER_PASSES = 3
-"""Label-propagation passes per coarsening level (the first levels are the costly ones;
-the coarse graph's next level catches what they miss)."""
-_STREAM_REFINE_PASSES = 3
-"""Refinement passes per level on the way back up, at most."""
-_STREAM_STOP = 0.002
-"""A pass that moves fewer than this share of the nodes ends its loop."""
-_STREAM_CLUSTER_SHARE = 8
-"""A cluster weighs at most ``partition_size // 8`` nodes, so the coarsest graph still has
-at least 8 nodes per partition for METIS to arrange."""
-_STREAM_COARSEST_PER_PART = 16
-"""Coarsening stops at ``16 * p`` nodes (or when a level shrinks by less than 10 %)."""
-_STREAM_METIS_UFACTOR = 30
-"""METIS's imbalance on the coarsest graph (3 %): coarse nodes are lumps of up to
-``partition_size / 8`` nodes, so a tight balance there would cost cut for nothing; the
-finest level restores the exact block sizes."""
-_STREAM_SLACK = 0.03
-"""Partitions may exceed their block size by this share while levels are refined."""
+_STREAM_MAX_ROUNDS = 64
+"""Growth rounds per chunk before its leftovers wait for later chunks."""
+_STREAM_REFINE_PASSES = 4
+"""Refinement passes over the edges after the placement pass, at most."""
+_STREAM_REFINE_STOP = 0.001
+"""Refinement stops once a pass moves fewer than this share of the nodes."""
+_STREAM_REFINE_SLACK = 0.03
+"""Partitions may exceed their block size by this share during refinement."""
 
 
-def _stream_budget(num_nodes: int, memory_bytes: int) -> int:
-    """Bytes left for blocks beside the O(N) state; ConfigError when there are too few."""
-    node_bytes = _STREAM_NODE_BYTES * num_nodes
-    need = node_bytes + _STREAM_MIN_BLOCK_BYTES
-    if memory_bytes < need:
-        raise ConfigError(
-            f"partition_memory_bytes must be at least {need} ({-(-need // (1 << 20))} MiB) "
-            f"for the stream partitioner on {num_nodes} nodes (got {memory_bytes}); raise it "
-            "or use another partitioner"
-        )
-    return memory_bytes - node_bytes
+def _argmax_per_run(
+    sorted_keys: np.ndarray, score: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """Index of the best ``score`` in each run of equal ``sorted_keys``, ties at random.
 
+    Two segmented maxima (score, then a random number among the tied) instead of a
+    multi-key sort: linear time, which matters at millions of entries per chunk.
 
-def _stream_order(num_nodes: int, seed: int) -> np.ndarray:
-    """[N] int32 internal id of each source node: a seeded random permutation.
-
-    Rows are processed in groups of consecutive internal ids; a random order makes every
-    group a random sample of the graph whatever the source's numbering, which keeps
-    synchronous moves inside a group rare between neighbours and the blocks even.
-    """
-    return np.random.default_rng([seed, 0x5EED]).permutation(num_nodes).astype(np.int32)
-
-
-def _write_flat(path: str, array: np.ndarray) -> None:
-    """Write ``array``'s bytes to a new file, flushed and out of the page cache.
-
-    Scratch blocks are written once and read by each pass; dirty pages left behind would
-    count against a cgroup cap without being reclaimable until written back.
-    """
-    scratch = ScratchFile(path, array.dtype)
-    try:
-        scratch.write_rows(0, array)
-        scratch.drop_cache()
-    finally:
-        scratch.close()
-
-
-@dataclass(slots=True)
-class _Level:
-    """One level of the multilevel hierarchy: a symmetric weighted graph in row blocks.
-
-    Level 0 is the input graph in internal ids (see `_stream_order`), each edge in both
-    directions, duplicates summed into weights, self loops dropped. Level ``l + 1``
-    contracts the clusters of level ``l`` into nodes.
-    """
-
-    num_nodes: int
-    """n, the nodes of this level."""
-    node_weight: np.ndarray | None
-    """[n] int64 input nodes inside each node; None at level 0 (all 1)."""
-    bounds: np.ndarray
-    """[B + 1] int64: block ``b`` holds the rows ``[bounds[b], bounds[b + 1])``."""
-    blocks: list[Any]
-    """Per block, ``(indptr, indices, data)`` in memory or the path prefix of its files:
-    indptr [rows + 1] int32, indices [nnz] int32 (sorted within a row, distinct), data
-    [nnz] float32 (level 0) or float64 (summed edge weights)."""
-    data_dtype: np.dtype
-    num_entries: int
-    """Stored entries (each undirected edge twice)."""
-
-    def weights(self, nodes: np.ndarray | slice) -> np.ndarray:
-        """Node weights of ``nodes`` as int64."""
-        if self.node_weight is None:
-            count = len(range(*nodes.indices(self.num_nodes))) if isinstance(nodes, slice) else len(nodes)
-            return np.ones(count, dtype=np.int64)
-        return self.node_weight[nodes]
-
-    def total_weight(self) -> np.ndarray:
-        """[n] int64 node weights (a fresh array of ones at level 0)."""
-        if self.node_weight is None:
-            return np.ones(self.num_nodes, dtype=np.int64)
-        return self.node_weight
-
-    def block(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        stored = self.blocks[b]
-        if not isinstance(stored, str):
-            return stored
-        # Plain reads: the pages stay in the page cache while it has room (each pass
-        # reads the blocks again) and are clean, so a memory cap can reclaim them.
-        return (np.fromfile(stored + ".indptr", dtype=np.int32),
-                np.fromfile(stored + ".indices", dtype=np.int32),
-                np.fromfile(stored + ".data", dtype=self.data_dtype))
-
-    def groups(self) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
-        """Yield ``(first_row, indptr, indices, data)`` per row group, in row order.
-
-        At least `_STREAM_GROUPS` groups per pass; block arrays are sliced, not copied
-        (``indptr`` is rebased to the group).
-        """
-        per_block = -(-_STREAM_GROUPS // (len(self.blocks) or 1))
-        for b in range(len(self.blocks)):
-            indptr, indices, data = self.block(b)
-            lo, hi = int(self.bounds[b]), int(self.bounds[b + 1])
-            cuts = np.linspace(0, hi - lo, per_block + 1).astype(np.int64)
-            for start, stop in itertools.pairwise(cuts.tolist()):
-                if stop == start:
-                    continue
-                first, last = int(indptr[start]), int(indptr[stop])
-                yield (lo + int(start), indptr[start : stop + 1] - first,
-                       indices[first:last], data[first:last])
-            del indptr, indices, data
-
-    def drop(self) -> None:
-        """Delete the block files (idempotent)."""
-        for stored in self.blocks:
-            if isinstance(stored, str):
-                for suffix in (".indptr", ".indices", ".data"):
-                    if os.path.exists(stored + suffix):
-                        os.unlink(stored + suffix)
-        self.blocks = []
-
-
-class _LevelBuilder:
-    """Collects (row, column, weight) entries of a level and sorts them into row blocks.
-
-    Entries arrive in any order (a chunk of edges, a contracted group). When the level's
-    entries fit the block budget at once (``max_entries`` is an upper bound) they are
-    kept in memory as one block; otherwise each entry is appended to its row block's
-    scratch file, and `finish` turns one file at a time into that block's CSR (distinct
-    columns, weights summed), on disk.
-    """
-
-    def __init__(self, num_nodes: int, max_entries: int, block_bytes: int, directory: str,
-                 name: str, *, weighted: bool) -> None:
-        self.num_nodes = num_nodes
-        # Unit weights are counted exactly in float32 (multiplicities); summed weights of
-        # coarse levels can pass 2**24.
-        self.data_dtype = np.dtype(np.float64 if weighted else np.float32)
-        self.directory = directory
-        self.name = name
-        # Half the budget for a block's raw entries and its CSR: the other half is the
-        # level being read while this one is written.
-        per_block = max(1, min(block_bytes // 2 // _STREAM_RAW_ENTRY_BYTES, 2**31 - 1))
-        num_blocks = max(1, min(-(-max_entries // per_block), num_nodes))
-        self.bounds = np.linspace(0, num_nodes, num_blocks + 1).astype(np.int64)
-        self.in_memory = num_blocks == 1
-        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
-        self._files: list[tuple[ScratchFile, ScratchFile | None]] = []
-        self._counts = np.zeros(num_blocks, dtype=np.int64)
-        if not self.in_memory:
-            for b in range(num_blocks):
-                prefix = os.path.join(directory, f"{name}_raw{b}")
-                ids = ScratchFile(prefix + ".ids", np.int32, row_width=2)
-                weights = ScratchFile(prefix + ".w", self.data_dtype) if weighted else None
-                self._files.append((ids, weights))
-
-    def add(self, rows: np.ndarray, cols: np.ndarray, weights: np.ndarray | None) -> None:
-        """Append [m] int32 ``rows`` and ``cols`` (level ids) with [m] weights (None: 1)."""
-        if rows.shape[0] == 0:
-            return
-        if self.in_memory:
-            self._parts.append((rows, cols, weights))
-            return
-        block = np.searchsorted(self.bounds, rows, side="right") - 1
-        narrow = np.uint16 if len(self._files) <= 1 << 16 else np.int64
-        # A stable sort of 16-bit keys is a radix sort: linear in the chunk.
-        order = np.argsort(block.astype(narrow), kind="stable")
-        counts = np.bincount(block, minlength=len(self._files))
-        del block
-        rows, cols = rows[order], cols[order]
-        weights = None if weights is None else weights[order]
-        del order
-        start = 0
-        for b in np.flatnonzero(counts):
-            stop = start + int(counts[b])
-            ids, wfile = self._files[b]
-            pair = np.empty((stop - start, 2), dtype=np.int32)
-            pair[:, 0] = rows[start:stop] - self.bounds[b]
-            pair[:, 1] = cols[start:stop]
-            ids.write_rows(int(self._counts[b]), pair)
-            if wfile is not None:
-                wfile.write_rows(int(self._counts[b]), weights[start:stop])
-            self._counts[b] += stop - start
-            start = stop
-
-    def _csr(self, rows: np.ndarray, cols: np.ndarray, weights: np.ndarray | None,
-             num_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        import scipy.sparse
-
-        if weights is None:
-            weights = np.ones(rows.shape[0], dtype=self.data_dtype)
-        matrix = scipy.sparse.coo_matrix(
-            (weights.astype(self.data_dtype, copy=False), (rows, cols)),
-            shape=(num_rows, self.num_nodes),
-        ).tocsr()  # sums duplicates, sorts columns within a row
-        return (matrix.indptr.astype(np.int32, copy=False),
-                matrix.indices.astype(np.int32, copy=False),
-                matrix.data.astype(self.data_dtype, copy=False))
-
-    def finish(self, node_weight: np.ndarray | None) -> _Level:
-        blocks: list[Any] = []
-        entries = 0
-        if self.in_memory:
-            parts, self._parts = self._parts, []
-            if parts:
-                rows = np.concatenate([p[0] for p in parts])
-                cols = np.concatenate([p[1] for p in parts])
-                unit = all(p[2] is None for p in parts)
-                weights = None if unit else np.concatenate(
-                    [np.ones(p[0].shape[0], self.data_dtype) if p[2] is None else p[2] for p in parts])
-            else:
-                rows = cols = np.zeros(0, dtype=np.int32)
-                weights = None
-            del parts
-            block = self._csr(rows, cols, weights, self.num_nodes)
-            entries = block[1].shape[0]
-            blocks.append(block)
-        else:
-            for b, (ids, wfile) in enumerate(self._files):
-                count = int(self._counts[b])
-                pair = ids.read_rows(0, count) if count else np.zeros((0, 2), np.int32)
-                weights = wfile.read_rows(0, count) if wfile is not None and count else None
-                ids.close(remove=True)
-                if wfile is not None:
-                    wfile.close(remove=True)
-                num_rows = int(self.bounds[b + 1] - self.bounds[b])
-                indptr, indices, data = self._csr(pair[:, 0], pair[:, 1], weights, num_rows)
-                del pair, weights
-                prefix = os.path.join(self.directory, f"{self.name}_block{b}")
-                _write_flat(prefix + ".indptr", indptr)
-                _write_flat(prefix + ".indices", indices)
-                _write_flat(prefix + ".data", data)
-                entries += indices.shape[0]
-                blocks.append(prefix)
-            self._files = []
-        return _Level(self.num_nodes, node_weight, self.bounds, blocks, self.data_dtype, entries)
-
-
-def _neighbour_weights(
-    indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, assign: np.ndarray, width: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row, the summed edge weight toward each distinct ``assign`` of its neighbours.
-
-    A CSR whose column ``c`` is ``assign[column]``, duplicates summed: scipy's per-row
-    sort and merge in C, no global sort and no [rows, width] table. Returns
-    ``(indptr, targets, weights)`` of that CSR (targets sorted and distinct per row).
-    """
-    import scipy.sparse
-
-    matrix = scipy.sparse.csr_matrix(
-        (data.copy(), assign[indices], indptr), shape=(indptr.shape[0] - 1, width)
-    )
-    matrix.sum_duplicates()
-    return matrix.indptr, matrix.indices, matrix.data
-
-
-def _best_target(
-    indptr: np.ndarray,
-    targets: np.ndarray,
-    weights: np.ndarray,
-    own: np.ndarray,
-    allowed: np.ndarray,
-    rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row: weight toward its own target, and the heaviest allowed other target.
-
-    ``indptr`` / ``targets`` / ``weights`` as `_neighbour_weights` returns them for
-    [rows] rows; ``own`` [rows] the rows' current targets; ``allowed`` [entries] bool.
-    Ties between equal weights are broken at random (weights are sums of integers, so a
-    random fraction below 1 never reorders unequal ones).
+    Parameters
+    ----------
+    sorted_keys : ndarray of int64, shape (k,)
+        Group of each entry, equal keys adjacent; ``k > 0``.
+    score : ndarray of float64 or int64, shape (k,)
 
     Returns
     -------
-    own_weight : ndarray of float64, shape (rows,)
-    best : ndarray of int64, shape (rows,)
-        The chosen target, -1 where no other target is allowed.
-    best_weight : ndarray of float64, shape (rows,)
+    ndarray of int64, shape (number of runs,)
+        One index into ``score`` per run, in run order.
     """
-    num_rows = own.shape[0]
-    rows = np.repeat(np.arange(num_rows, dtype=np.int32), np.diff(indptr))
-    is_own = targets == own[rows]
-    own_weight = np.zeros(num_rows)
-    own_weight[rows[is_own]] = weights[is_own]
-    allowed &= ~is_own
-    score = np.where(allowed, weights + 0.5 * rng.random(weights.shape[0]), -1.0)
-    top = np.full(num_rows, -1.0)
-    nonempty = np.flatnonzero(indptr[:-1] < indptr[1:])
-    if nonempty.shape[0]:
-        top[nonempty] = np.maximum.reduceat(score, indptr[:-1][nonempty])
-    win = np.flatnonzero(allowed & (score == top[rows]))
-    best = np.full(num_rows, -1, dtype=np.int64)
-    best_weight = np.zeros(num_rows)
-    best[rows[win]] = targets[win]
-    best_weight[rows[win]] = weights[win]
-    return own_weight, best, best_weight
+    first = np.ones(sorted_keys.shape[0], dtype=bool)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    starts = np.flatnonzero(first)
+    run = np.cumsum(first) - 1
+    top = score == np.maximum.reduceat(score, starts)[run]
+    lottery = np.where(top, rng.random(score.shape[0]), -1.0)
+    winner = np.flatnonzero(lottery == np.maximum.reduceat(lottery, starts)[run])
+    # Two equal random doubles in one run are practically impossible; keep one anyway.
+    keep = np.ones(winner.shape[0], dtype=bool)
+    keep[1:] = run[winner[1:]] != run[winner[:-1]]
+    return winner[keep]
 
 
-def _admit(
-    target: np.ndarray,
-    gain: np.ndarray,
-    weight: np.ndarray,
+def _assign_by_votes(
+    voter: np.ndarray,
+    voted: np.ndarray,
+    labels: np.ndarray,
+    sizes: np.ndarray,
+    capacity: np.ndarray,
+    rng: np.random.Generator,
+) -> None:
+    """One LDG step for every unassigned ``voter`` at once.
+
+    Each edge ``(voter[i], voted[i])`` ([m] int64 each, ``voted`` assigned) is a vote
+    of ``voter[i]`` for partition ``labels[voted[i]]``. A voter picks
+    ``argmax votes * (1 - size / capacity)`` (LDG's score, with the sizes before this
+    step; random tie breaking). Winners are admitted in descending score up to each
+    partition's room; voters whose best score is not positive (every neighbouring
+    partition full) or that did not fit go to the partitions with the most room.
+    """
+    num_partitions = sizes.shape[0]
+    keys, votes = unique(voter * num_partitions + labels[voted], return_counts=True)
+    node, part = np.divmod(keys, num_partitions)
+    # An empty trailing block has capacity 0: never a target (weight -inf).
+    weight = np.full(num_partitions, -np.inf)
+    open_ = capacity > 0
+    weight[open_] = 1.0 - sizes[open_] / capacity[open_]
+    score = votes * weight[part]
+
+    best = _argmax_per_run(node, score, rng)
+    node, part, score = node[best], part[best], score[best]
+
+    # Admit by partition in descending score until it is full, so that one step never
+    # overfills a partition however many voters chose it at once.
+    good = score > 0
+    order = _descending_within(part[good], score[good], rng)
+    cand_node, cand_part = node[good][order], part[good][order]
+    admitted = _group_rank(cand_part) < (capacity - sizes)[cand_part]
+    labels[cand_node[admitted]] = cand_part[admitted]
+    sizes += np.bincount(cand_part[admitted], minlength=num_partitions)
+
+    rest = np.concatenate([node[~good], cand_node[~admitted]])
+    _place_least_loaded(np.sort(rest), labels, sizes, capacity, rng)
+
+
+def _grow(
+    node_a: np.ndarray,
+    node_b: np.ndarray,
+    labels: np.ndarray,
+    sizes: np.ndarray,
+    capacity: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """Place the unassigned endpoints of one chunk by LDG rounds.
+
+    ``node_a`` / ``node_b`` are the chunk's [m] int64 edge endpoints listed in both
+    directions. Returns ``(rounds, seeded_nodes)``.
+    """
+    seeds = sizes.shape[0]
+    rounds = seeded = 0
+    for _round in range(_STREAM_MAX_ROUNDS):
+        # Edges whose first endpoint is placed cannot place anything any more.
+        open_ = labels[node_a] < 0
+        node_a, node_b = node_a[open_], node_b[open_]
+        if node_a.shape[0] == 0:
+            break
+        rounds += 1
+        votes = labels[node_b] >= 0
+        if votes.any():
+            _assign_by_votes(node_a[votes], node_b[votes], labels, sizes, capacity, rng)
+            continue
+        # Nothing to follow: seed a random sample, drawn from edge endpoints so that
+        # it is degree-biased (hubs are good centres to grow from).
+        candidates = unique(node_a[rng.integers(0, node_a.shape[0], size=seeds)])
+        _place_least_loaded(candidates, labels, sizes, capacity, rng)
+        seeded += candidates.shape[0]
+        seeds *= 2
+    return rounds, seeded
+
+
+@dataclass(slots=True)
+class _Refinement:
+    """Per-node counters of one refinement pass: O(N) memory, int32 to halve it.
+
+    During a pass over the edges, ``own`` and ``toward`` count each node's neighbours
+    in its own partition and in ``target`` (the candidate found by the pass before),
+    exactly; ``next_target`` / ``next_weight`` run a weighted Boyer-Moore majority vote
+    over the chunk-local favourite other partitions, which finds the next candidate
+    without a [N, p] table.
+    """
+
+    target: np.ndarray
+    """[N] int32 candidate partition to move to, -1 for none."""
+    own: np.ndarray
+    """[N] int32 neighbours (both directions) in the node's current partition."""
+    toward: np.ndarray
+    """[N] int32 neighbours (both directions) in ``target``."""
+    next_target: np.ndarray
+    """[N] int32 candidate being voted for the next pass, -1 for none."""
+    next_weight: np.ndarray
+    """[N] int32 Boyer-Moore weight of ``next_target``."""
+
+    @classmethod
+    def empty(cls, num_nodes: int) -> _Refinement:
+        def full(value: int) -> np.ndarray:
+            return np.full(num_nodes, value, dtype=np.int32)
+
+        return cls(full(-1), full(0), full(0), full(-1), full(0))
+
+    def next_pass(self) -> _Refinement:
+        fresh = _Refinement.empty(self.target.shape[0])
+        fresh.target = self.next_target
+        return fresh
+
+    def observe(
+        self,
+        node_a: np.ndarray,
+        node_b: np.ndarray,
+        labels: np.ndarray,
+        num_partitions: int,
+        rng: np.random.Generator,
+    ) -> None:
+        """Add one chunk's edges ([m] int64 endpoints, both directions, all placed)."""
+        num_nodes = labels.shape[0]
+        label_a, label_b = labels[node_a], labels[node_b]
+        same = label_a == label_b
+        self.own += np.bincount(node_a[same], minlength=num_nodes).astype(np.int32)
+        hit = label_b == self.target[node_a]
+        self.toward += np.bincount(node_a[hit], minlength=num_nodes).astype(np.int32)
+
+        other = ~same
+        if not other.any():
+            return
+        keys, votes = unique(
+            node_a[other] * num_partitions + label_b[other], return_counts=True
+        )
+        node, part = np.divmod(keys, num_partitions)
+        best = _argmax_per_run(node, votes, rng)
+        node, part, votes = node[best], part[best].astype(np.int32), votes[best]
+        # Weighted Boyer-Moore: the favourite of this chunk adds to the running
+        # candidate if it agrees, otherwise cancels against it and takes over when it
+        # outweighs it. A partition holding most of a node's outside neighbours wins.
+        held, weight = self.next_target[node], self.next_weight[node].astype(np.int64)
+        agree = held == part
+        keep = agree | (weight >= votes)
+        self.next_target[node] = np.where(keep, held, part)
+        self.next_weight[node] = np.where(
+            agree, weight + votes, np.abs(weight - votes)
+        ).astype(np.int32)
+
+
+def _swap_toward_targets(
+    state: _Refinement,
+    labels: np.ndarray,
+    sizes: np.ndarray,
     room: np.ndarray,
     rng: np.random.Generator,
-) -> np.ndarray:
-    """[m] bool: which of m movers fit, per target largest gain first, while the summed
-    ``weight`` of those admitted stays within ``room[target]``.
-
-    ``target`` [m] int, ``gain`` [m] float, ``weight`` [m] int64; ``room`` is indexed by
-    target. One step can therefore never overfill a target however many movers chose it
-    at once.
-    """
-    order = _descending_within(target, gain, rng)
-    sorted_target, sorted_weight = target[order], weight[order]
-    running = np.cumsum(sorted_weight)
-    first = np.ones(order.shape[0], dtype=bool)
-    first[1:] = sorted_target[1:] != sorted_target[:-1]
-    before_group = np.maximum.accumulate(np.where(first, running - sorted_weight, 0))
-    fits = np.empty(order.shape[0], dtype=bool)
-    fits[order] = running - before_group <= room[sorted_target]
-    return fits
-
-
-def _cluster(level: _Level, max_weight: int, rng: np.random.Generator) -> tuple[np.ndarray, int, list[int]]:
-    """Size-constrained label propagation: clusters of at most ``max_weight`` nodes.
-
-    Every node starts alone; each pass visits the row groups in order and moves every
-    node of a group at once to the neighbouring cluster it has the most edge weight to,
-    among those it fits in (ties toward the larger cluster, which is how clusters grow
-    past pairs). Nodes without neighbours are then packed into clusters of consecutive
-    ids. Returns ``(cluster, num_clusters, moves per pass)``: [n] int32 cluster ids in
-    ``[0, num_clusters)``.
-    """
-    n = level.num_nodes
-    assign = np.arange(n, dtype=np.int32)
-    size = level.total_weight().copy()
-    has_edges = np.zeros(n, dtype=bool)
-    moves = []
-    for _pass in range(_STREAM_CLUSTER_PASSES):
-        moved = 0
-        for first, indptr, indices, data in level.groups():
-            count = indptr.shape[0] - 1
-            if _pass == 0:
-                has_edges[first : first + count] = indptr[1:] > indptr[:-1]
-            nodes = slice(first, first + count)
-            own = assign[nodes]
-            weight = level.weights(nodes)
-            ptr, targets, weights = _neighbour_weights(indptr, indices, data, assign, n)
-            rows = np.repeat(np.arange(count, dtype=np.int32), np.diff(ptr))
-            allowed = size[targets] + weight[rows] <= max_weight
-            del rows
-            own_weight, best, best_weight = _best_target(ptr, targets, weights, own, allowed, rng)
-            del ptr, targets, weights, allowed
-            gain = best_weight - own_weight
-            chosen = np.maximum(best, 0)
-            go = (best >= 0) & ((gain > 0) | ((gain == 0) & (size[chosen] >= size[own])))
-            local = np.flatnonzero(go)
-            if local.shape[0] == 0:
-                continue
-            to = best[local]
-            fits = _admit(to, gain[local], weight[local], max_weight - size, rng)
-            local, to = local[fits], to[fits]
-            np.subtract.at(size, own[local], weight[local])
-            np.add.at(size, to, weight[local])
-            assign[first + local] = to
-            moved += local.shape[0]
-        moves.append(moved)
-        if moved < _STREAM_STOP * n:
-            break
-    # Nodes without neighbours never move: pack them, in id order, into clusters of
-    # about max_weight (a level of isolated singletons would never shrink).
-    lonely = np.flatnonzero(~has_edges)
-    if lonely.shape[0]:
-        weight = level.weights(lonely)
-        offset = np.cumsum(weight) - weight
-        group_head = lonely[np.searchsorted(offset // max_weight, offset // max_weight)]
-        assign[lonely] = assign[group_head]
-    used = np.zeros(n, dtype=bool)
-    used[assign] = True
-    new_id = (np.cumsum(used) - 1).astype(np.int32)
-    return new_id[assign], int(used.sum()), moves
-
-
-def _contract(level: _Level, cluster: np.ndarray, num_clusters: int, block_bytes: int,
-              directory: str, name: str) -> _Level:
-    """The graph of the clusters: edge weights summed, edges inside a cluster dropped."""
-    builder = _LevelBuilder(num_clusters, level.num_entries, block_bytes, directory, name,
-                            weighted=True)
-    for first, indptr, indices, data in level.groups():
-        ptr, targets, weights = _neighbour_weights(indptr, indices, data, cluster, num_clusters)
-        rows = cluster[first + np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int32), np.diff(ptr))]
-        keep = rows != targets
-        builder.add(rows[keep], targets[keep].astype(np.int32, copy=False),
-                    weights[keep].astype(np.float64, copy=False))
-    node_weight = np.bincount(cluster, weights=level.total_weight(), minlength=num_clusters)
-    return builder.finish(node_weight.astype(np.int64))
-
-
-def _refine(
-    level: _Level,
-    labels: np.ndarray,
-    part_weight: np.ndarray,
-    limit: np.ndarray,
-    rng: np.random.Generator,
-    passes: int,
-    own_out: np.ndarray | None = None,
-) -> list[int]:
-    """Balanced label propagation on partitions: move nodes with a positive gain.
-
-    A node moves to the partition it has the most edge weight to when that beats its own
-    partition's and the target stays within ``limit`` ([p] weights); per pass, row groups
-    in order, each decided at once and admitted largest gain first (`_admit`).
-    ``labels`` ([n] int32) and ``part_weight`` ([p] int64) are updated in place; with
-    ``own_out`` ([n] float32) every pass records each node's weight toward its partition
-    after the pass (for `_rebalance`). Returns the moves per pass.
-    """
-    num_partitions = part_weight.shape[0]
-    moves = []
-    for _pass in range(passes):
-        moved = 0
-        for first, indptr, indices, data in level.groups():
-            count = indptr.shape[0] - 1
-            nodes = slice(first, first + count)
-            own = labels[nodes]
-            weight = level.weights(nodes)
-            ptr, targets, weights = _neighbour_weights(indptr, indices, data, labels, num_partitions)
-            rows = np.repeat(np.arange(count, dtype=np.int32), np.diff(ptr))
-            allowed = part_weight[targets] + weight[rows] <= limit[targets]
-            del rows
-            own_weight, best, best_weight = _best_target(ptr, targets, weights, own, allowed, rng)
-            del ptr, targets, weights, allowed
-            gain = best_weight - own_weight
-            local = np.flatnonzero((best >= 0) & (gain > 0))
-            if local.shape[0]:
-                to = best[local]
-                fits = _admit(to, gain[local], weight[local], limit - part_weight, rng)
-                local, to = local[fits], to[fits]
-                np.subtract.at(part_weight, own[local], weight[local])
-                np.add.at(part_weight, to, weight[local])
-                labels[first + local] = to
-                own_weight[local] = best_weight[local]
-                moved += local.shape[0]
-            if own_out is not None:
-                own_out[nodes] = own_weight
-        moves.append(moved)
-        if moved < _STREAM_STOP * level.num_nodes:
-            break
-    return moves
-
-
-def _balance(
-    level: _Level,
-    labels: np.ndarray,
-    part_weight: np.ndarray,
-    capacity: np.ndarray,
-    own_out: np.ndarray,
-    rng: np.random.Generator,
 ) -> int:
-    """One pass that moves nodes out of partitions over ``capacity`` at the least cost.
+    """Move every node whose exact gain is positive, if balance allows; returns moves.
 
-    Nodes of an overfull partition go, best gain first (it may be negative), to the
-    neighbouring partition with room that they have the most edges to, at most as many
-    as the partition is over and as the target has room. What remains (nodes with no
-    neighbour in a partition with room) is left to `_rebalance`. Level 0 only (unit
-    weights). Returns the nodes moved.
+    Gain is ``toward - own``: edges that stop being cut minus edges that start being
+    cut, with the labels of the pass. Moves are first admitted in pairs, as many
+    ``i -> j`` as ``j -> i`` (largest gains first), which keeps the sizes; the unpaired
+    rest moves one way while the target stays within ``room`` ([p] int64, the
+    capacities plus slack). ``labels``, ``sizes`` and ``state.own`` are updated.
     """
-    num_partitions = part_weight.shape[0]
-    moved = 0
-    for first, indptr, indices, data in level.groups():
-        excess = part_weight - capacity
-        if not (excess > 0).any():
-            break
-        count = indptr.shape[0] - 1
-        own = labels[first : first + count]
-        ptr, targets, weights = _neighbour_weights(indptr, indices, data, labels, num_partitions)
-        rows = np.repeat(np.arange(count, dtype=np.int32), np.diff(ptr))
-        allowed = part_weight[targets] < capacity[targets]
-        del rows
-        own_weight, best, best_weight = _best_target(ptr, targets, weights, own, allowed, rng)
-        del ptr, targets, weights, allowed
-        local = np.flatnonzero((best >= 0) & (excess[own] > 0))
-        if local.shape[0] == 0:
-            continue
-        gain = best_weight[local] - own_weight[local]
-        source = own[local].astype(np.int64)
-        # At most `excess` leave each source partition: the best gains.
-        order = _descending_within(source, gain, rng)
-        keep = np.zeros(local.shape[0], dtype=bool)
-        keep[order] = _group_rank(source[order]) < excess[source[order]]
-        local, gain, source = local[keep], gain[keep], source[keep]
-        to = best[local]
-        fits = _admit(to, gain, np.ones(local.shape[0], np.int64), capacity - part_weight, rng)
-        local, to, source = local[fits], to[fits], source[fits]
-        part_weight -= np.bincount(source, minlength=num_partitions)
-        part_weight += np.bincount(to, minlength=num_partitions)
-        labels[first + local] = to
-        own_out[first + local] = best_weight[local]
-        moved += local.shape[0]
-    return moved
+    num_partitions = sizes.shape[0]
+    gain = state.toward.astype(np.int64) - state.own
+    mover = np.flatnonzero((gain > 0) & (state.target >= 0))
+    if mover.shape[0] == 0:
+        return 0
+    gain = gain[mover]
+    frm, to = labels[mover], state.target[mover].astype(np.int64)
+    pair = frm * num_partitions + to
+    order = _descending_within(pair, gain, rng)
+    mover, frm, to, pair, gain = mover[order], frm[order], to[order], pair[order], gain[order]
+    pair_keys, pair_counts = unique(pair, return_counts=True)
+    reverse = to * num_partitions + frm
+    at = np.minimum(np.searchsorted(pair_keys, reverse), pair_keys.shape[0] - 1)
+    reverse_count = np.where(pair_keys[at] == reverse, pair_counts[at], 0)
+    swap = _group_rank(pair) < reverse_count
+    labels[mover[swap]] = to[swap]
+    state.own[mover[swap]] = state.toward[mover[swap]]
 
-
-def _initial_partition(level: _Level, num_partitions: int, seed: int) -> tuple[np.ndarray, dict]:
-    """[n] int32 labels of the coarsest level: METIS with node and edge weights.
-
-    Without edges (or with fewer nodes than partitions) METIS has nothing to do: nodes
-    fill the partitions in id order by weight instead.
-    """
-    weight = level.total_weight()
-    if level.num_entries == 0 or level.num_nodes < num_partitions or num_partitions == 1:
-        total = int(weight.sum())
-        start = np.cumsum(weight) - weight
-        return (start * num_partitions // max(total, 1)).astype(np.int32), {"metis": False}
-    import pymetis
-
-    indptr, indices, data = level.block(0) if len(level.blocks) == 1 else _gather_blocks(level)
-    index_dtype = pymetis.zero_copy_dtype()
-    began = time.perf_counter()
-    result = pymetis.part_graph(
-        num_partitions,
-        adjacency=pymetis.CSRAdjacency(adj_starts=indptr.astype(index_dtype),
-                                       adjacent=indices.astype(index_dtype)),
-        vweights=weight.astype(index_dtype),
-        eweights=np.maximum(1, np.rint(data)).astype(index_dtype),
-        options=pymetis.Options(seed=int(seed % (2**31 - 1)), ufactor=_STREAM_METIS_UFACTOR),
-    )
-    info = {"metis": True, "metis_seconds": round(time.perf_counter() - began, 6),
-            "metis_edge_cuts": int(result.edge_cuts)}
-    return np.asarray(result.vertex_part, dtype=np.int32), info
-
-
-def _gather_blocks(level: _Level) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The whole level as one CSR (int64 indptr), for METIS."""
-    indptrs, indices, data = [], [], []
-    offset = 0
-    for b in range(len(level.blocks)):
-        ptr, idx, dat = level.block(b)
-        indptrs.append(ptr[:-1].astype(np.int64) + offset)
-        offset += idx.shape[0]
-        indices.append(idx)
-        data.append(dat)
-    indptrs.append(np.array([offset], dtype=np.int64))
-    return np.concatenate(indptrs), np.concatenate(indices), np.concatenate(data)
-
-
-def _level_zero(edges: StagedEdges, order: np.ndarray, chunk_edges: int, block_bytes: int,
-                directory: str) -> _Level:
-    """The input graph in internal ids, both directions, in row blocks (one edge pass)."""
-    builder = _LevelBuilder(edges.num_nodes, 2 * edges.num_edges, block_bytes, directory, "level0",
-                            weighted=False)
-    for _, src, dst, _rel in edges.iter_chunks(chunk_edges):
-        keep = src != dst
-        a, b = order[src[keep]], order[dst[keep]]
-        del src, dst, keep
-        builder.add(np.concatenate([a, b]), np.concatenate([b, a]), None)
-    return builder.finish(None)
+    # The unpaired rest moves one way while the target is below its slack capacity.
+    rest = ~swap
+    mover, frm, to, gain = mover[rest], frm[rest], to[rest], gain[rest]
+    order = _descending_within(to, gain, rng)
+    mover, frm, to = mover[order], frm[order], to[order]
+    fits = _group_rank(to) < (room - sizes)[to]
+    labels[mover[fits]] = to[fits]
+    state.own[mover[fits]] = state.toward[mover[fits]]
+    sizes += np.bincount(to[fits], minlength=num_partitions)
+    sizes -= np.bincount(frm[fits], minlength=num_partitions)
+    return int(swap.sum() + fits.sum())
 
 
 @register_partitioner("stream")
 def _stream(
-    edges: StagedEdges, num_partitions: int, seed: int, chunk_edges: int, memory_bytes: int
+    edges: StagedEdges, num_partitions: int, seed: int, chunk_edges: int
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """Multilevel partitioning in bounded memory: label-propagation coarsening, METIS on
-    the coarsest graph, balanced label-propagation refinement on the way back up.
+    """Chunked, vectorised Linear Deterministic Greedy (LDG), then balanced refinement.
 
-    Memory is O(N) node state (`_STREAM_NODE_BYTES` per node) plus blocks sized to fit
-    what ``memory_bytes`` leaves beside it: the edge list is never held. Steps:
+    Never holds the edge list: memory is the [N] int64 labels, five [N] int32 counters,
+    [p] sizes and one chunk (a few arrays of ``2 * chunk_edges`` int64); the edges are
+    read ``1 + _STREAM_REFINE_PASSES`` times at most through ``edges.iter_chunks``.
+    Edges are used in both directions: a node follows its in- and out-neighbours alike.
 
-    1. One pass over the staged edges puts each edge, in both directions and in internal
-       ids (`_stream_order`), into the scratch file of its row block
-       (`_LevelBuilder`); each block then becomes a CSR with duplicates summed into
-       weights (in memory instead when the whole graph fits the budget).
-    2. Coarsening (`_cluster`, `_contract`): size-constrained label propagation groups
-       nodes into clusters of at most ``partition_size // 8`` nodes; the clusters
-       become the nodes of the next level (node weights: sizes; edge weights: summed),
-       until a level has at most ``16 p`` nodes or stops shrinking.
-    3. METIS on the coarsest level, with node and edge weights (`_initial_partition`).
-    4. Uncoarsening: each level takes its clusters' partitions and is refined by
-       balanced label propagation (`_refine`) within a slack of `_STREAM_SLACK`; at the
-       input level a balancing pass (`_balance`) and `_rebalance` bring every partition
-       to exactly its block size, so the labels are the store's blocks.
+    Placement pass, per chunk (`_grow`): rounds until every endpoint in the chunk is
+    placed (at most ``_STREAM_MAX_ROUNDS``). Every unplaced endpoint with placed
+    neighbours in the chunk votes for their partitions, and all voters are placed at
+    once by LDG's rule ``argmax votes * (1 - size / capacity)`` (`_assign_by_votes`).
+    When a round has no voter (the first chunk, or a region the stream reaches for the
+    first time), a degree-biased random sample of unplaced endpoints is seeded into
+    the least-loaded partitions; the sample doubles at each such stall, so a chunk of
+    many small components needs few rounds. Nodes never seen in an edge (isolated)
+    then fill the remaining room in id order.
 
-    Every pass decides a row group's moves at once (numpy over the whole group, scipy's
-    sparse routines for the per-row sums), groups in order. The result is deterministic
-    for a seed and a memory budget (the budget sets the blocks, hence the groups) and
-    does not depend on ``chunk_edges`` (it only sizes the reads of step 1).
+    Refinement passes (balanced label propagation with exact gains in O(N) memory):
+    each pass counts, for every node, its neighbours in its own partition and in a
+    candidate partition found by the previous pass, and meanwhile elects the next
+    candidate by a weighted majority vote over the chunks (`_Refinement`). After the
+    pass, nodes with a positive gain move in balanced ``i <-> j`` pairs, and one way
+    within a slack of ``_STREAM_REFINE_SLACK`` (`_swap_toward_targets`). It stops
+    early when a pass moves fewer than ``_STREAM_REFINE_STOP`` of the nodes; then
+    `_rebalance` moves the least-attached nodes out of the partitions over capacity.
+
+    Capacities are the store's equal block sizes (``ceil(N / p)``, the last ones
+    shorter): partitions end exactly full, so the labels already are the store's
+    blocks and `equal_blocks` moves nothing. The result depends on the edge order and
+    on ``chunk_edges`` (the placement sees one chunk at a time), and is deterministic
+    for a given seed, edge order and chunk size.
     """
-    began = time.perf_counter()
     num_nodes = edges.num_nodes
-    block_bytes = _stream_budget(num_nodes, memory_bytes)
-    if num_partitions == 1:
-        return np.zeros(num_nodes, dtype=np.int64), {"levels": []}
     rng = np.random.default_rng(seed)
-    chunk_edges = max(1, min(chunk_edges, block_bytes // _STREAM_STAGED_EDGE_BYTES))
-    partition_size = _partition_size(num_nodes, num_partitions)
     capacity = _block_sizes(num_nodes, num_partitions)
-    max_cluster = max(1, partition_size // _STREAM_CLUSTER_SHARE)
-    coarsest = _STREAM_COARSEST_PER_PART * num_partitions
-    seconds: dict[str, float] = {}
+    labels = np.full(num_nodes, -1, dtype=np.int64)
+    sizes = np.zeros(num_partitions, dtype=np.int64)
 
-    def lap(name: str, since: float) -> float:
-        now = time.perf_counter()
-        seconds[name] = round(seconds.get(name, 0.0) + now - since, 3)
-        return now
+    def both_directions(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        keep = src != dst
+        return np.concatenate([src[keep], dst[keep]]), np.concatenate([dst[keep], src[keep]])
 
-    directory = tempfile.mkdtemp(prefix="stream-", dir=os.path.dirname(os.path.abspath(edges.src_path)))
-    levels: list[_Level] = []
-    try:
-        order = _stream_order(num_nodes, seed)
-        levels.append(_level_zero(edges, order, chunk_edges, block_bytes, directory))
-        del order
-        now = lap("distribute", began)
-        clusters: list[np.ndarray] = []
-        cluster_moves = []
-        while levels[-1].num_nodes > coarsest and max_cluster > 1:
-            level = levels[-1]
-            cluster, num_clusters, moves = _cluster(level, max_cluster, rng)
-            cluster_moves.append(moves)
-            if num_clusters > 0.9 * level.num_nodes:
-                break
-            clusters.append(cluster)
-            levels.append(_contract(level, cluster, num_clusters, block_bytes, directory,
-                                    f"level{len(levels)}"))
-        now = lap("coarsen", now)
+    growth_rounds = seeded = 0
+    state = _Refinement.empty(num_nodes)
+    for _, src, dst, _rel in edges.iter_chunks(chunk_edges):
+        node_a, node_b = both_directions(src, dst)
+        rounds, seeds = _grow(node_a, node_b, labels, sizes, capacity, rng)
+        growth_rounds += rounds
+        seeded += seeds
+        # Elect first candidates already, with the labels of the chunks seen so far.
+        placed = labels[node_b] >= 0
+        state.observe(node_a[placed], node_b[placed], labels, num_partitions, rng)
+    unplaced = np.flatnonzero(labels < 0)
+    _place_least_loaded(unplaced, labels, sizes, capacity, rng)
 
-        labels, metis_info = _initial_partition(levels[-1], num_partitions, seed)
-        now = lap("initial", now)
+    # Slack lets unpaired moves happen; `_rebalance` takes it back at the end.
+    room = np.ceil(capacity * (1 + _STREAM_REFINE_SLACK)).astype(np.int64)
+    moves = []
+    for _pass in range(_STREAM_REFINE_PASSES):
+        state = state.next_pass()
+        for _, src, dst, _rel in edges.iter_chunks(chunk_edges):
+            state.observe(*both_directions(src, dst), labels, num_partitions, rng)
+        moves.append(_swap_toward_targets(state, labels, sizes, room, rng))
+        if moves[-1] < _STREAM_REFINE_STOP * num_nodes:
+            break
+    rebalanced = _rebalance(state.own, labels, sizes, capacity, rng)
 
-        refine_moves = []
-        for depth in range(len(levels) - 1, -1, -1):
-            level = levels[depth]
-            if depth < len(levels) - 1:
-                labels = labels[clusters[depth]]
-                clusters[depth] = None  # type: ignore[call-overload]
-                levels[depth + 1].drop()
-            part_weight = np.bincount(labels, weights=level.total_weight(),
-                                      minlength=num_partitions).astype(np.int64)
-            limit = np.ceil(capacity * (1 + _STREAM_SLACK)).astype(np.int64)
-            own = np.zeros(num_nodes, dtype=np.float32) if depth == 0 else None
-            refine_moves.append(_refine(level, labels, part_weight, limit, rng,
-                                        _STREAM_REFINE_PASSES, own))
-        now = lap("refine", now)
-
-        balanced = _balance(levels[0], labels, part_weight, capacity, own, rng)
-        rebalanced = _rebalance(own, labels, part_weight, capacity, rng)
-        levels[0].drop()
-        del own
-        # Back to source ids: node i is internal node order[i].
-        order = _stream_order(num_nodes, seed)
-        result = np.empty(num_nodes, dtype=np.int64)
-        for start in range(0, num_nodes, NODE_CHUNK):
-            result[start : start + NODE_CHUNK] = labels[order[start : start + NODE_CHUNK]]
-        del order, labels
-        lap("balance", now)
-    finally:
-        for level in levels:
-            level.drop()
-        shutil.rmtree(directory, ignore_errors=True)
-
-    return result, {
-        "levels": [[lv.num_nodes, lv.num_entries] for lv in levels],
-        "blocks": len(levels[0].bounds) - 1,
-        "max_cluster_weight": max_cluster,
-        "cluster_moves": cluster_moves,
-        "refine_moves": refine_moves[::-1],
-        "balance_moves": balanced,
+    return labels, {
+        "growth_rounds": growth_rounds,
+        "seeded_nodes": seeded,
+        "placed_without_edges": int(unplaced.shape[0]),
+        "refinement_moves": moves,
         "rebalanced_nodes": rebalanced,
-        "memory_bytes": memory_bytes,
-        "phase_seconds": seconds,
-        **metis_info,
     }
