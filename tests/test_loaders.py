@@ -205,7 +205,7 @@ def _edges_seen(loader, epoch=0) -> Counter:
 def test_disk_link_prediction_runs_with_default_settings_for_any_p(tmp_path, p, capacity):
     # The review's crashes: COMET's l fixed at round(2p/c) left fewer than 2 logical
     # partitions resident for these p and capacities.
-    graph, raw = make_graph(num_nodes=20 * p, num_edges=60 * p, directed=True, seed=p)
+    graph, _ = make_graph(num_nodes=20 * p, num_edges=60 * p, directed=True, seed=p)
     convert(graph, tmp_path / "g.gs", ConvertOptions(num_partitions=p, partitioner="random", seed=1))
     with graphstore.open(tmp_path / "g.gs") as store:
         loader = EdgeLoader(store, batch_size=97, negatives=3, scheme="disk", capacity=capacity, seed=0)

@@ -50,7 +50,7 @@ import numpy as np
 
 from graphstore.buffer.cache import StaticCache
 from graphstore.buffer.memory import BufferMemory, SlotPlan, assign_slots, slots_needed
-from graphstore.buffer.resident import Bucket, ResidentGraph, assemble_resident_graph, fill_cache_rows, read_hub_segment
+from graphstore.buffer.resident import Bucket, ResidentGraph, assemble_resident_graph, fill_cache_rows
 from graphstore.errors import BufferClosedError, ConfigError, StoreWriteError
 from graphstore.layout._chunkio import ReadStats
 from graphstore.layout.embeddings import EmbeddingTable

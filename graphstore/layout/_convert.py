@@ -43,9 +43,9 @@ from graphstore.errors import ConfigError, SourceError, StoreExistsError, StoreW
 from graphstore.layout._buckets import write_edges
 from graphstore.layout._durable import exchange, fsync_dir, fsync_tree
 from graphstore.layout._features import write_features
+from graphstore.layout._hubs import DEFAULT_HUB_FRACTION, write_hubs
 from graphstore.layout._lock import StoreLock
 from graphstore.layout._progress import progress_bar
-from graphstore.layout._hubs import DEFAULT_HUB_FRACTION, write_hubs
 from graphstore.layout._segments import write_segment_checksums
 from graphstore.layout._staging import NODE_CHUNK, EdgeStager, StagedEdges
 from graphstore.layout._writer import StoreWriter, write_node_arrays, write_splits

@@ -7,7 +7,6 @@ partitions that hold training nodes come as the option ``train_partitions`` (def
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import numpy as np
