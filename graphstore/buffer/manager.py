@@ -208,7 +208,8 @@ def _hub_reads(states: Sequence[tuple[int, ...]], plan: SlotPlan, p: int, *, hol
     return reads
 
 
-def _hub_edge_bytes(store: Store) -> int:
+def _edge_bytes(store: Store) -> int:
+    """Bytes of one stored edge (src, dst, and rel when typed), in buckets and hub segments."""
     m = store.manifest
     return 2 * np.dtype(m.index_dtype).itemsize + (4 if m.has_relations else 0)
 
@@ -226,7 +227,7 @@ def _row_bytes(store: Store, *, with_features: bool, embedding_dim: int) -> int:
 def _plan_bytes(store: Store, states: Sequence[tuple[int, ...]], plan: SlotPlan, *, row_bytes: int,
                 holder: Sequence[int] = (), cached: Sequence[tuple[int, int]] = (),
                 static_cache: StaticCache | None = None, held_segments: Sequence[int] = ()) -> int:
-    edge_bytes = _hub_edge_bytes(store)
+    edge_bytes = _edge_bytes(store)
     offsets, total = store.bucket_offsets, 0
     reads = _bucket_reads(states, plan, store.num_partitions, holder=holder, cached=cached)
     for admitted, needed in zip(plan.admitted, reads, strict=True):
@@ -684,18 +685,20 @@ class BufferManager:
                            embedding_dim=dim, cache_rows=cache_rows)
         plan = assign_slots(planned, memory.num_slots, prefetch=prefetch, holder=memory.holder)
         self.memory = memory
-        if static_cache is None or memory.cache_filled != (str(store.path), static_cache.fraction):
+        cache_key = None if static_cache is None else (str(store.path), static_cache.fraction)
+        cache_is_new = cache_key is not None and memory.cache_filled != cache_key
+        if cache_key is None or cache_is_new:
             memory.hub_edges.clear()  # segments of another cache, or none
             memory.hub_positions.clear()
         self.planned_bytes = _plan_bytes(
             store, planned, plan, holder=memory.holder, cached=list(memory.buckets),
             row_bytes=_row_bytes(store, with_features=memory.features is not None, embedding_dim=dim),
             static_cache=static_cache, held_segments=list(memory.hub_edges))
-        if static_cache is not None and memory.cache_filled != (str(store.path), static_cache.fraction):
-            # The hubs' rows are read once per memory (not per epoch), outside the stats:
-            # `StaticCache` reports them.
+        if cache_is_new:
+            # The hubs' rows are read once per memory, not per epoch; that one read is not
+            # in the buffer's stats (they count what the states read).
             fill_cache_rows(memory, static_cache, store)
-            memory.cache_filled = (str(store.path), static_cache.fraction)
+            memory.cache_filled = cache_key
         memory.in_use = True
         self._cond = threading.Condition()
         self._loader = _Loader(store, planned, plan, memory=memory, embeddings=embeddings,
