@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--partition-bytes", type=_byte_size, metavar="B",
                       help="target bytes of features+edges per partition (default 4MiB)")
     c.add_argument("--partitioner", choices=["metis", "random", "sequential", "stream"],
-                   help="default: metis, or random for graphs too large for it (over 50M edges)")
+                   help="default: metis, or stream for graphs too large for it (over 50M edges)")
     c.add_argument("--seed", type=int, default=0, help="seeds the partitioner and generated splits")
     c.add_argument("--overwrite", action="store_true", help="replace OUT once the new store is complete")
     loops = c.add_mutually_exclusive_group()
@@ -82,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--split", metavar="NAME", help="OGB: split directory to use when there are several")
     c.add_argument("--chunk-edges", type=_positive_int, default=1 << 20,
                    help="edges per streaming step (bounds memory; default 1048576)")
+    c.add_argument("--partition-memory", type=_byte_size, metavar="B", dest="partition_memory_bytes",
+                   help="memory budget of the stream partitioner (default 1GiB, more for graphs "
+                        "of over 33M nodes: it keeps 24 bytes per node)")
     c.add_argument("--hub-fraction", type=float, default=0.01, metavar="F",
                    help="fraction of nodes (highest degree) whose features and a contiguous copy of their "
                         "edges form the hub group, HierBatching's static cache (default 0.01; 0: none)")
@@ -150,7 +153,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         partitioner=args.partitioner, seed=args.seed, overwrite=args.overwrite,
         keep_self_loops=args.keep_self_loops, keep_duplicates=args.keep_duplicates,
         compress=args.compress, chunk_edges=args.chunk_edges, reader_options=reader_options,
-        hub_fraction=args.hub_fraction,
+        hub_fraction=args.hub_fraction, partition_memory_bytes=args.partition_memory_bytes,
     )
     start = time.perf_counter()
     m = convert(args.source, args.out, options)
