@@ -857,6 +857,22 @@ def test_planetoid_pickle_allow_list(tmp_path, data_dir):
         read(tmp_path / "cora", tmp_path)
 
 
+def test_planetoid_dense_big_endian_features_read_as_the_sparse_ones(tmp_path, data_dir):
+    # A pickle keeps the writer's byte order; a dense '>f4' matrix must read like the
+    # sparse original (found by the sources fuzz test: scipy refuses non-native dtypes).
+    import pickle
+    import warnings
+
+    raw = tmp_path / "cora" / "raw"
+    shutil.copytree(data_dir / "cora_planetoid" / "raw", raw)
+    with open(raw / "ind.cora.tx", "rb") as f, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the file names scipy.sparse.csr
+        tx = pickle.load(f, encoding="latin1")
+    (raw / "ind.cora.tx").write_bytes(pickle.dumps(np.asarray(tx.todense(), dtype=">f4"), protocol=2))
+    assert np.array_equal(all_features(read(tmp_path / "cora", tmp_path / "a")),
+                          all_features(read(data_dir / "cora_planetoid", tmp_path / "b")))
+
+
 def test_undetectable(tmp_path):
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "readme.md").write_text("hi")

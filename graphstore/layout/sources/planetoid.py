@@ -165,7 +165,8 @@ def _as_2d(value, display: str) -> sp.csr_matrix | np.ndarray:
                               f"{one_line(e)})") from None
         numbers = matrix.data
     elif isinstance(value, np.ndarray) and value.ndim == 2:
-        matrix = numbers = value
+        # A pickle keeps the writer's byte order; scipy takes native numbers only.
+        matrix = numbers = value.astype(value.dtype.newbyteorder("="), copy=False)
     else:
         shape = getattr(value, "shape", None)
         got = type(value).__name__ + (f" of shape {shape}" if shape is not None else "")
