@@ -40,7 +40,7 @@ import torch
 
 from graphstore.buffer import BufferManager, BufferMemory, BufferStats, StaticCache, plan_epoch
 from graphstore.buffer.budget import capacity_for_budget
-from graphstore.buffer.memory import slots_needed
+from graphstore.buffer.memory import lookahead_within, slots_needed
 from graphstore.buffer.resident import ResidentGraph
 from graphstore.errors import ConfigError, OutOfCoreWarning
 from graphstore.layout.embeddings import EmbeddingTable
@@ -152,8 +152,10 @@ class _Loader:
 
     def _buffer(self, epoch: int, states: Sequence[Sequence[int]], embeddings: EmbeddingTable | None,
                 lookahead: bool) -> BufferManager:
-        # The next epoch's first state is read while this epoch's last state trains.
-        ahead = self.plan(epoch + 1).states[0] if lookahead and self.prefetch else None
+        # The next epoch's first state is read while this epoch's last state trains, as much
+        # of it as fits in the slots this epoch needs (the budget counted no more).
+        ahead = lookahead_within(states, self.plan(epoch + 1).states[0] if lookahead else None,
+                                 prefetch=self.prefetch)
         need = slots_needed(list(states) + ([ahead] if ahead else []), prefetch=self.prefetch)
         if self.memory is None or self.memory.num_slots < need:
             # Allocated once for the run (re-allocated only if a later epoch needs more slots).

@@ -93,6 +93,40 @@ def test_a_byte_budget_picks_the_capacity(store):
         NodeLoader(store, split="train", fanouts=(2,), batch_size=64, scheme="disk", capacity=2, buffer_bytes=10**9)
 
 
+@pytest.fixture(scope="module")
+def store32(tmp_path_factory):
+    # Rows of 1 KiB, so a slot (30 rows) outweighs the tensors' alignment padding.
+    graph, _ = make_graph(num_nodes=960, num_edges=6000, directed=True, feature_dim=256)
+    out = tmp_path_factory.mktemp("loaders32") / "g.gs"
+    convert(graph, out, ConvertOptions(num_partitions=32, partitioner="random", seed=3))
+    return graphstore.open(out)
+
+
+@pytest.mark.parametrize("scheme,policy", [("disk", "dispersed"), ("megabatch", None)])
+def test_a_byte_budget_bounds_the_slots_allocated_over_epochs(store32, scheme, policy):
+    # Reading the next epoch's first state during the last one must not take slots the
+    # budget did not count: DISPERSED's next epoch starts from c random partitions, which
+    # beside the last state's c would need about twice its c + 1 slots.
+    store = store32
+    smallest = NodeLoader(store, split="train", fanouts=(2,), batch_size=64, scheme=scheme, policy=policy,
+                          capacity=6)
+    budget = footprint(store, smallest.plan(0).states).total
+    loader = NodeLoader(store, split="train", fanouts=(2,), batch_size=64, scheme=scheme, policy=policy,
+                        buffer_bytes=budget)
+    assert loader.footprint.total <= budget
+    read_ahead = 0
+    for epoch in range(3):
+        for _ in loader.epoch(epoch):
+            pass
+        read_ahead += loader.last_stats.partitions_loaded
+        # The bytes the slot tensors' storages hold (cache rows included, plus at most a
+        # page of alignment each), not the estimate's formula.
+        tensors = [t for t in (loader.memory.features, loader.memory.labels) if t is not None]
+        allocated = sum(t.untyped_storage().nbytes() for t in tensors)
+        assert allocated <= loader.footprint.slot_bytes + loader.footprint.cache_bytes + 4096 * len(tensors)
+    assert read_ahead > 0
+
+
 @pytest.mark.parametrize("scheme,policy", [("minibatch", None), ("disk", "comet"), ("disk", "beta")])
 def test_edge_loader_trains_every_edge_once_with_resident_negatives(copy, scheme, policy):
     store = graphstore.open(copy, mode="r+")

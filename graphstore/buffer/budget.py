@@ -12,7 +12,10 @@ A user knows how much memory the buffer may take, not how many partitions that i
   graphs alive at once (the one trained and the one ready): int64 ``indices`` (+ ``rel``)
   per edge, int64 ``indptr`` and ``node_ids`` per local row; plus the temporaries of the
   graph being assembled (three int64s per edge, five with relations, and the widened
-  copies of one hub segment), which with prefetch exist while the previous state trains.
+  copies of one hub segment), which with prefetch exist while the previous state trains;
+- with prefetch, what of the next epoch's first state is read during the last state
+  (`lookahead_within`: only what fits the epoch's own slots, so DISPERSED, whose next
+  epoch starts from c random partitions, does not double its slots).
 
 `capacity_for_budget` plans epoch 0 for each candidate capacity and returns the largest
 whose plan fits; other epochs of a randomised policy differ only in which partitions meet,
@@ -28,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from graphstore.buffer.cache import StaticCache
-from graphstore.buffer.memory import slots_needed
+from graphstore.buffer.memory import lookahead_within, slots_needed
 from graphstore.buffer.policies import plan_epoch
 from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
@@ -51,13 +54,17 @@ class BufferFootprint:
 
 
 def footprint(store: Store, states: Sequence[Sequence[int]], *, prefetch: bool = True, with_features: bool = True,
-              embedding_dim: int = 0, static_cache: StaticCache | None = None) -> BufferFootprint:
-    """What a `BufferManager` over ``states`` holds at its peak (see the module docstring)."""
+              embedding_dim: int = 0, static_cache: StaticCache | None = None,
+              lookahead: Sequence[int] | None = None) -> BufferFootprint:
+    """What a `BufferManager` over ``states`` holds at its peak (see the module docstring);
+    ``lookahead``: the partitions of the next epoch read during the last state, held (not
+    assembled) beside it."""
     m, P, p = store.manifest, store.partition_size, store.num_partitions
     row = 4 * m.has_labels + 8 * embedding_dim
     if with_features and m.has_features:
         row += m.feature_dim * np.dtype(m.feature_dtype).itemsize
-    slots = slots_needed(states, prefetch=prefetch)
+    lookahead = lookahead if prefetch and lookahead and states else None
+    slots = slots_needed(list(states) + ([lookahead] if lookahead else []), prefetch=prefetch)
     cache_nodes = 0 if static_cache is None else static_cache.num_nodes
     cache_bytes = 0 if static_cache is None else cache_nodes * (row - 8 * embedding_dim) + static_cache.nbytes
     raw_edge = 2 * np.dtype(m.index_dtype).itemsize + 4 * m.has_relations
@@ -87,13 +94,19 @@ def footprint(store: Store, states: Sequence[Sequence[int]], *, prefetch: bool =
         graphs = (edges(now) + edges(after)) * graph_edge + (2 if after else 1) * local_rows * 16
         assembling = edges(after if prefetch else now) * assembly_edge + segment_temporaries
         peak = max(peak, held + graphs + assembling)
+    if lookahead:  # the last state's graph, and its buckets beside the next epoch's
+        last = states[-1]
+        peak = max(peak, edges(last | set(lookahead)) * raw_edge + edges(last) * graph_edge + local_rows * 16)
     return BufferFootprint(slots, slots * P * row, cache_bytes, peak)
 
 
 def capacity_for_budget(store: Store, budget_bytes: int, policy: str, *, prefetch: bool = True,
                         with_features: bool = True, embedding_dim: int = 0, static_cache: StaticCache | None = None,
-                        seed: int = 0, **options: Any) -> tuple[int, BufferFootprint]:
+                        seed: int = 0, lookahead: bool = True, **options: Any) -> tuple[int, BufferFootprint]:
     """The largest capacity c whose epoch-0 plan fits in ``budget_bytes``, and its footprint.
+
+    With ``lookahead`` (the loaders' default) the plan includes what of epoch 1's first
+    state is read during epoch 0's last (`lookahead_within`).
 
     Raises
     ------
@@ -116,8 +129,12 @@ def capacity_for_budget(store: Store, budget_bytes: int, policy: str, *, prefetc
             plan = plan_epoch(policy, num_partitions=p, capacity=c, epoch=0, seed=seed, **options)
         except ConfigError:
             return None  # too small for the policy
+        ahead = None
+        if lookahead and prefetch:
+            following = plan_epoch(policy, num_partitions=p, capacity=c, epoch=1, seed=seed, **options)
+            ahead = lookahead_within(plan.states, following.states[0], prefetch=True)
         return footprint(store, plan.states, prefetch=prefetch, with_features=with_features,
-                         embedding_dim=embedding_dim, static_cache=static_cache)
+                         embedding_dim=embedding_dim, static_cache=static_cache, lookahead=ahead)
 
     smallest = next(((c, f) for c in range(1, p + 1) if (f := need(c)) is not None), None)
     if smallest is None:

@@ -34,7 +34,7 @@ from graphstore.errors import ConfigError
 from graphstore.layout._chunkio import aligned_empty
 from graphstore.layout.store import Store
 
-__all__ = ["BufferMemory", "SlotPlan", "assign_slots", "slots_needed"]
+__all__ = ["BufferMemory", "SlotPlan", "assign_slots", "lookahead_within", "slots_needed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,28 @@ def slots_needed(states: Sequence[Sequence[int]], *, prefetch: bool) -> int:
     if prefetch:
         sizes += [len(set(a) | set(b)) for a, b in zip(states, states[1:])]
     return max(sizes, default=0)
+
+
+def lookahead_within(states: Sequence[Sequence[int]], ahead: Sequence[int] | None, *,
+                     prefetch: bool) -> tuple[int, ...] | None:
+    """The part of the next epoch's first state ``ahead`` to read while ``states``' last
+    state trains: what fits in the slots ``states`` need anyway, so looking ahead never
+    makes the buffer larger than its epoch (and than the budget that chose its capacity).
+
+    Partitions of ``ahead`` that the last state holds cost nothing; the others take the
+    slots the last state leaves free, in ``ahead``'s order. A policy whose next epoch
+    starts where this one ended (mega-batches: c of 2c slots free) reads all of it; one
+    whose first state is c random partitions after a one-swap epoch (DISPERSED: 1 free
+    slot of c + 1) reads what fits and the rest when the next epoch starts. None: nothing
+    to read ahead (no prefetch, no states, or no room).
+    """
+    if not prefetch or not states or not ahead:
+        return None
+    last = set(states[-1])
+    room = slots_needed(states, prefetch=True) - len(last)
+    new = [k for k in dict.fromkeys(ahead) if k not in last][:max(0, room)]
+    chosen = tuple(k for k in dict.fromkeys(ahead) if k in last or k in set(new))
+    return chosen or None
 
 
 def assign_slots(states: Sequence[Sequence[int]], num_slots: int, *, prefetch: bool,

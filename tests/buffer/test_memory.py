@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import graphstore
 from graphstore.buffer import BufferManager, BufferMemory, StaticCache, plan_epoch, static_cache_ids
 from graphstore.buffer.budget import capacity_for_budget, footprint
-from graphstore.buffer.memory import assign_slots, slots_needed
+from graphstore.buffer.memory import assign_slots, lookahead_within, slots_needed
 from graphstore.buffer.resident import build_resident_graph
 from graphstore.errors import ConfigError
 from graphstore.layout._convert import ConvertOptions, convert
@@ -75,6 +75,21 @@ def test_hierbatching_with_its_static_cache(store):
     assert buffer.memory.num_slots == 4  # two disjoint mega-batches of 2 at once
     with pytest.raises(ConfigError, match="graphstore hubs"):
         StaticCache.open(store, 0.1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(STATE, min_size=1, max_size=6), STATE)
+def test_the_lookahead_reads_what_fits_the_epochs_own_slots(states, ahead):
+    chosen = lookahead_within(states, ahead, prefetch=True)
+    need = slots_needed(states, prefetch=True)
+    if chosen is None:
+        return
+    assert set(chosen) <= set(ahead) and len(set(chosen)) == len(chosen)
+    assert slots_needed(list(states) + [chosen], prefetch=True) == need  # no slot beyond the epoch's
+    new = set(ahead) - set(states[-1])
+    if len(new) <= need - len(set(states[-1])):
+        assert set(chosen) == set(ahead)  # room for all of it: all of it
+    assert lookahead_within(states, ahead, prefetch=False) is None
 
 
 def test_footprint_counts_the_static_cache_rows_once_and_each_states_hub_edges(store):
