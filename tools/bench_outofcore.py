@@ -16,7 +16,10 @@ graphstore (``NodeLoader``), capped unless said otherwise:
   least p/16 partitions (4 of 64): what ``buffer_bytes`` admits when that is more,
   otherwise exactly p/16 (the row records the budget's own answer as ``budget_capacity``;
   the cap then decides whether it fits). A budget that refuses the cache at any capacity is
-  reported as a row (``refused``), not worked around.
+  reported as a row (``refused``), not worked around. These rows run under DGL's wide cap
+  (below) with the budget it leaves, not under the cap: the paper's capacity and cache need
+  more than the cap's 448 MiB budget on the full store, and so the comparison with DGL +
+  memmap, which needs that memory for its structure, is at equal memory.
 * ``graphstore-megabatch-paper-stream``: the same on ``--store-stream``, a conversion of the
   same dataset by the large-graph default partitioner (``--partitioner stream``), trained
   and tested on the same source nodes. Without ``--store-stream`` the row says it was skipped.
@@ -715,7 +718,10 @@ def isolation() -> dict:
 def system_specs(*, buffer_bytes: int, num_partitions: int, dgl_epochs: int, readahead_budget_s: float) -> dict:
     """What each system's child is given beyond the common settings."""
     mega = {"scheme": "megabatch", "buffer_bytes": buffer_bytes, "capped": True}
-    paper = dict(mega, reuse=2, static_cache=0.01, min_capacity=math.ceil(num_partitions / 16))
+    # The paper's configuration (p/16 resident beside a 1 % cache) needs more than the cap:
+    # it runs under DGL's wide cap, the memory DGL + memmap needs, so the two compare at
+    # equal memory (`Bench.cap_for`).
+    paper = dict(mega, reuse=2, static_cache=0.01, min_capacity=math.ceil(num_partitions / 16), cap="dgl_wide")
     dgl = {"scheme": "dgl", "capped": True, "epochs": dgl_epochs, "num_workers": 0}
     return {
         "graphstore-megabatch": dict(mega, reuse=1, static_cache=0.0),
@@ -1108,8 +1114,19 @@ class Bench:
             elif name == "dgl-memmap-readahead":
                 runs.append(self.run_dgl(name, {"num_workers": best_workers}))
             else:
-                runs.append(self.run_system(name, self.cap if self.specs[name]["capped"] else None))
+                runs.append(self.run_system(name, *self.cap_for(name)))
         return runs
+
+    def cap_for(self, name: str) -> tuple[int | None, dict | None]:
+        """``name``'s memory cap and spec overrides: none for uncapped rows; DGL's wide cap,
+        with the buffer budget it leaves, for the rows that ask for it (the paper's
+        configuration); the cap otherwise."""
+        spec = self.specs[name]
+        if not spec["capped"]:
+            return None, None
+        if spec.get("cap") == "dgl_wide":
+            return self.wide_cap, {"buffer_bytes": self.wide_cap - (self.args.process_mib << 20)}
+        return self.cap, None
 
     def intended_settings(self, name: str) -> dict:
         """The settings ``name`` would run with (for a row that could not run)."""
@@ -1117,7 +1134,9 @@ class Bench:
         role = spec.pop("store_role", "main")
         store = self.stores.get(role) if "path" in self.stores.get(role, {}) else None
         store = store or {"path": None, "role": role, "num_partitions": None, "partitioner": role, "edge_cut": None}
-        return run_settings(spec, None, store=store, cap_bytes=self.cap if spec["capped"] else None, iso=self.iso)
+        cap, overrides = self.cap_for(name)
+        spec.update(overrides or {})
+        return run_settings(spec, None, store=store, cap_bytes=cap, iso=self.iso)
 
     def run_system(self, name: str, cap_bytes: int | None, overrides: dict | None = None) -> dict:
         """One child: ``name``'s spec on its store, after drop_caches, under ``cap_bytes``."""

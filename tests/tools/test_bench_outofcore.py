@@ -187,6 +187,20 @@ def test_best_dgl_row_fails_when_no_setting_finished():
     assert "segfault" in best["error"] and "oom" in best["error"]
 
 
+def test_the_paper_rows_run_under_dgls_wide_cap_with_the_budget_it_leaves():
+    import argparse
+
+    bench = bo.Bench.__new__(bo.Bench)  # the caps only, without stores or children
+    bench.args = argparse.Namespace(process_mib=576)
+    bench.cap, bench.wide_cap = 1 << 30, 2176 << 20
+    bench.specs = bo.system_specs(buffer_bytes=448 << 20, num_partitions=64, dgl_epochs=2, readahead_budget_s=90.0)
+    for name in (bo.PAPER, bo.PAPER_STREAM):
+        assert bench.cap_for(name) == (2176 << 20, {"buffer_bytes": (2176 - 576) << 20})
+    assert bench.cap_for("graphstore-megabatch") == (1 << 30, None)
+    assert bench.cap_for("graphstore-disk") == (1 << 30, None)
+    assert bench.cap_for(bo.MEMORY) == (None, None)
+
+
 def test_dgl_settings_are_compared_under_one_cap():
     """4 workers are killed by the cap: they run under the wide cap, and so do 0 and 2 again,
     so the best setting is chosen among runs under one cap."""
