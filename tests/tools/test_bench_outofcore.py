@@ -9,10 +9,8 @@ refusal, the epoch summary (warm median, cold epoch apart), the choice of DGL's 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import ClassVar
 
@@ -20,18 +18,12 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import load_tool
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bo = _load("bench_outofcore")
+bo = load_tool("bench_outofcore")
 
 TINY = {"num_nodes": 3000, "avg_degree": 6, "feature_dim": 8, "num_classes": 4, "communities": 8,
         "locality": 0.75, "homophily": 0.2, "num_partitions": 4, "seed": 0, "layout_code": "test"}

@@ -4,29 +4,21 @@ measured figures are the ones a reader would check (random cuts almost everythin
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_tool
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = {"partitioner", "num_nodes", "num_edges", "edge_cut", "seconds", "peak_rss_bytes",
         "cut_ratio_vs_metis", "speed_ratio_vs_metis", "cap_bytes"}
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("bench_partition", REPO / "tools" / "bench_partition.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_partition"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def tool():
-    return load_tool()
+    return load_tool("bench_partition")
 
 
 @pytest.fixture(scope="module")

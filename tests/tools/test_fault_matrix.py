@@ -9,7 +9,6 @@ timeout are then the test's, not pytest's, problem).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,22 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import load_tool
+
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "fault_matrix.py"
 
 FAST_ROWS = ["flip_src", "flip_labels", "truncated_chunk", "second_writer_open", "enospc_convert"]
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("fault_matrix", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses resolves annotations through sys.modules, so register before running.
-    sys.modules["fault_matrix"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fm = _load_tool()
+fm = load_tool("fault_matrix")
 
 
 @pytest.fixture(scope="module")

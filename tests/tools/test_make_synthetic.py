@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import doctest
 import gzip
-import importlib.util
 import json
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import load_tool
+
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "make_synthetic.py"
 
@@ -27,16 +28,7 @@ N = 2500  # small, but several 1024-row chunks
 CHUNK = 1024
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("make_synthetic", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses resolves annotations through sys.modules, so register before running.
-    sys.modules["make_synthetic"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ms = _load_tool()
+ms = load_tool("make_synthetic")
 
 
 def _generate(out: Path, **kwargs):

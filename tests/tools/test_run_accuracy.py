@@ -9,7 +9,6 @@ store, and the refusal without a DGL interpreter is checked.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,19 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import load_tool
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ra = _load("run_accuracy")
-ref = _load("reference_dgl")
+ra = load_tool("run_accuracy")
+ref = load_tool("reference_dgl")
 
 
 def test_split_seed_names():
