@@ -7,9 +7,9 @@ PY := $(VENV)/bin/python
 # several GB). Override with `make TORCH_SPEC=torch` on a GPU machine.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
-# The compiled DENSE kernel is built by `pip install` (setup.py); editing its source must
+# The compiled kernels are built by `pip install` (setup.py); editing their sources must
 # rebuild it, so the stamp depends on it too.
-NATIVE_SRC := setup.py graphstore/sample/_native/dense.c
+NATIVE_SRC := setup.py graphstore/sample/_native/dense.c graphstore/buffer/_native/csc.c
 
 .PHONY: demo test venv clean
 
@@ -28,4 +28,4 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache demo_out graphstore/sample/_native/_dense*.so
+	rm -rf $(VENV) build *.egg-info .pytest_cache demo_out graphstore/sample/_native/_dense*.so graphstore/buffer/_native/_csc*.so

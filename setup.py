@@ -1,6 +1,6 @@
-"""Builds the compiled DENSE kernel; all metadata lives in pyproject.toml.
+"""Builds the compiled DENSE kernel and CSC builder; all metadata lives in pyproject.toml.
 
-``graphstore/sample/_native/dense.c`` is plain C99 with no Python or torch headers, loaded
+``graphstore/sample/_native/dense.c`` (and ``graphstore/buffer/_native/csc.c``) is plain C99 with no Python or torch headers, loaded
 with ctypes (`graphstore.sample._native`), so building it needs only a C compiler: not
 torch, not Python's headers beyond what setuptools already uses. It is an *optional*
 extension: without a compiler, ``pip install`` still succeeds (setuptools prints a warning)
@@ -32,6 +32,8 @@ class BuildCtypesLibrary(build_ext):
 setup(
     ext_modules=[
         Extension("graphstore.sample._native._dense", sources=["graphstore/sample/_native/dense.c"],
+                  optional=True),
+        Extension("graphstore.buffer._native._csc", sources=["graphstore/buffer/_native/csc.c"],
                   optional=True),
     ],
     cmdclass={"build_ext": BuildCtypesLibrary},

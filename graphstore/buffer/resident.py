@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from graphstore.buffer import _native as native
+from graphstore.buffer._native import EdgePart
 from graphstore.buffer.cache import StaticCache
 from graphstore.buffer.memory import BufferMemory
 from graphstore.errors import ConfigError
@@ -177,7 +179,7 @@ def build_resident_graph(store: Store, partitions: Sequence[int], *, with_featur
 
 def _add_hub_edges(store: Store, parts: Sequence[int], slot_of: np.ndarray, cache_ids: np.ndarray,
                    memory: BufferMemory, hub_edges: Mapping[int, Bucket], hub_positions: dict | None,
-                   src_parts: list, dst_parts: list, rel_parts: list) -> None:
+                   edge_parts: list[EdgePart]) -> None:
     """Append, in local ids, the hub edges no bucket holds: those with an end outside the
     resident partitions (which is then a hub, in its cache row)."""
     P, p = store.partition_size, store.num_partitions
@@ -200,10 +202,8 @@ def _add_hub_edges(store: Store, parts: Sequence[int], slot_of: np.ndarray, cach
         hub_is_src = hub_is_src[keep]
         hub_loc = memory.cache_start + np.searchsorted(cache_ids, hub[keep])
         other = np.where(hub_is_src, d[keep], s[keep]).astype(np.int64) + int(slot_of[g] - g) * P
-        src_parts.append(np.where(hub_is_src, hub_loc, other))
-        dst_parts.append(np.where(hub_is_src, other, hub_loc))
-        if r is not None:
-            rel_parts.append(r[keep].astype(np.int64))
+        edge_parts.append((np.where(hub_is_src, hub_loc, other), 0, np.where(hub_is_src, other, hub_loc), 0,
+                           None if r is None else r[keep]))
     s, d, r = hub_edges[p]
     if s.size == 0:
         return
@@ -214,10 +214,7 @@ def _add_hub_edges(store: Store, parts: Sequence[int], slot_of: np.ndarray, cach
             hub_positions[p] = positions
     sp, dp = positions
     keep = np.flatnonzero(~(hub_resident[sp] & hub_resident[dp]))
-    src_parts.append(hub_local[sp[keep]])
-    dst_parts.append(hub_local[dp[keep]])
-    if r is not None:
-        rel_parts.append(r[keep].astype(np.int64))
+    edge_parts.append((hub_local[sp[keep]], 0, hub_local[dp[keep]], 0, None if r is None else r[keep]))
 
 
 def _check_partitions(store: Store, partitions: Sequence[int]) -> tuple[int, ...]:
@@ -227,6 +224,23 @@ def _check_partitions(store: Store, partitions: Sequence[int]) -> tuple[int, ...
     for k in parts:
         store.partition_range(k)  # raises ConfigError naming a bad id
     return parts
+
+
+def _build_csc_numpy(edge_parts: Sequence[EdgePart], num_nodes: int, *, with_rel: bool
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """`graphstore.buffer._native.build_csc` in numpy, where the C builder is not built: the
+    same result by a stable argsort of the concatenated destinations."""
+    empty = np.zeros(0, np.int64)
+    # Each list is dropped as soon as it is joined: this runs beside training, and its
+    # temporaries count against the same memory (`graphstore.buffer.budget`).
+    dst = np.concatenate([empty, *(d.astype(np.int64) + shift for _, _, d, shift, _ in edge_parts)])
+    order = np.argsort(dst, kind="stable")  # timsort merges the sorted runs
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=num_nodes), out=indptr[1:])
+    del dst
+    src = np.concatenate([empty, *(s.astype(np.int64) + shift for s, shift, _, _, _ in edge_parts)])[order]
+    rel = np.concatenate([empty, *(r.astype(np.int64) for *_, r in edge_parts)])[order] if with_rel else None
+    return indptr, src, rel
 
 
 def assemble_resident_graph(
@@ -288,47 +302,26 @@ def assemble_resident_graph(
         uncovered = slot_of[cache_ids // P] < 0
         node_ids[memory.cache_start:][uncovered] = cache_ids[uncovered]
 
-    def shifted(ids: np.ndarray, k: int) -> np.ndarray:
-        # Every id of a bucket's side lies in one resident partition k: its local id is
-        # the store id moved by a constant, with no per-edge partition lookup.
-        out = ids.astype(np.int64)
-        out += int(slot_of[k] - k) * P
-        return out
-
-    src_parts, dst_parts, rel_parts = [], [], []
+    # Every id of a bucket's side lies in one resident partition k: its local id is the
+    # store id moved by a constant, (slot_of[k] - k) * P, with no per-edge partition lookup.
+    edge_parts: list[EdgePart] = []
     # Buckets in partition-id order, so that each destination's sources come in ascending
     # store id whatever slots the partitions occupy: a sampler drawing positions in a
     # node's neighbour list then picks the same neighbours under any slot layout.
     for j in sorted(parts):
         for i in sorted(parts):
             s, d, r = buckets[(i, j)]
-            src_parts.append(shifted(s, i))
-            dst_parts.append(shifted(d, j))
-            if r is not None:
-                rel_parts.append(r.astype(np.int64))
+            edge_parts.append((s, int(slot_of[i] - i) * P, d, int(slot_of[j] - j) * P, r))
     if cache_ids.size:
-        _add_hub_edges(store, parts, slot_of, cache_ids, memory, hub_edges, hub_positions,
-                       src_parts, dst_parts, rel_parts)
-    empty = np.zeros(0, np.int64)
-    # The parts are dropped as soon as they are joined: this runs beside training, and its
-    # temporaries count against the same memory (`graphstore.buffer.budget`).
-    src = np.concatenate([empty, *src_parts])
-    del src_parts
-    dst = np.concatenate([empty, *dst_parts])
-    del dst_parts
-    rel = np.concatenate([empty, *rel_parts]) if store.manifest.has_relations else None
-    del rel_parts
-    # Group by destination. Buckets come in partition order of j, then i, each sorted by
-    # (dst, src) in the store, so a stable sort by dst alone leaves bucket edges in
-    # ascending source store id within a destination (timsort merges the sorted runs,
-    # several times faster than a lexsort); hub edges follow them, segment by segment.
-    order = np.argsort(dst, kind="stable")
-    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst, minlength=num_nodes), out=indptr[1:])  # counts need no order
-    del dst
-    src = src[order]
-    rel = None if rel is None else rel[order]
-    del order
+        _add_hub_edges(store, parts, slot_of, cache_ids, memory, hub_edges, hub_positions, edge_parts)
+    # Group by destination, stably: each bucket is sorted by (dst, src) in the store and the
+    # buckets come in partition order of j, then i, so within a destination bucket edges
+    # are in ascending source store id; hub edges follow them, segment by segment.
+    with_rel = store.manifest.has_relations
+    if native.library() is not None:
+        indptr, src, rel = native.build_csc(edge_parts, num_nodes, with_rel=with_rel)
+    else:
+        indptr, src, rel = _build_csc_numpy(edge_parts, num_nodes, with_rel=with_rel)
     return ResidentGraph(
         partitions=parts,
         slots=slots,

@@ -97,10 +97,14 @@ def expected_bytes(store, states, *, prefetch=True, with_features=True, embeddin
     return int(total)
 
 
-@pytest.mark.parametrize("prefetch", [True, False])
-def test_states_equal_direct_builds_and_bytes_are_exact(path, store, prefetch):
+# Where the graph is assembled with prefetch: in the loader thread or in the consumer.
+WHERE = [(True, "loader"), (True, "consumer"), (False, "auto")]
+
+
+@pytest.mark.parametrize("prefetch, assemble", WHERE)
+def test_states_equal_direct_builds_and_bytes_are_exact(path, store, prefetch, assemble):
     recording = RecordingStore(path)
-    with BufferManager(recording, STATES, prefetch=prefetch) as buffer:
+    with BufferManager(recording, STATES, prefetch=prefetch, assemble=assemble) as buffer:
         seen = []
         for loaded in buffer:
             assert loaded.index == len(seen)
@@ -127,9 +131,10 @@ STATE = st.permutations(range(P)).flatmap(lambda perm: st.integers(0, P).map(lam
 
 @settings(max_examples=20, deadline=None)
 @given(st.lists(STATE, max_size=5),
-       st.booleans())
-def test_any_sequence_of_states(store, states, prefetch):
-    with BufferManager(store, states, prefetch=prefetch) as buffer:
+       st.sampled_from(WHERE))
+def test_any_sequence_of_states(store, states, where):
+    prefetch, assemble = where
+    with BufferManager(store, states, prefetch=prefetch, assemble=assemble) as buffer:
         for loaded in buffer:
             assert_same_graph(loaded.graph, build_resident_graph(store, states[loaded.index]))
     assert buffer.stats.states == len(states)
@@ -187,10 +192,10 @@ class FailingStore(RecordingStore):
                 raise OSError(5, "injected: the disk went away")
 
 
-@pytest.mark.parametrize("prefetch", [True, False])
-def test_a_read_error_reaches_the_consumer(path, prefetch):
+@pytest.mark.parametrize("prefetch, assemble", WHERE)
+def test_a_read_error_reaches_the_consumer(path, prefetch, assemble):
     states = [(0, 1), (1, 2), (2, 3), (3, 4)]  # partition 2, the third one read, is state 1's
-    buffer = BufferManager(FailingStore(path), states, prefetch=prefetch)
+    buffer = BufferManager(FailingStore(path), states, prefetch=prefetch, assemble=assemble)
     trained = []
     with pytest.raises(OSError, match="injected: the disk went away") as info:
         for loaded in buffer:
@@ -199,7 +204,7 @@ def test_a_read_error_reaches_the_consumer(path, prefetch):
     exc = info.value
     assert type(exc) is OSError and exc.errno == 5
     frames = [frame.name for frame in traceback.extract_tb(exc.__traceback__)]
-    assert "before_read" in frames and "load" in frames  # the loader-side traceback survives
+    assert "before_read" in frames and "read" in frames  # the loader-side traceback survives
     assert any("state 1" in note for note in exc.__notes__)
     assert buffer.closed and loader_threads() == []
     buffer.close()
@@ -311,3 +316,18 @@ def test_a_failure_the_consumer_never_asked_for_is_not_raised_but_a_lookahead_fa
     with pytest.raises(OSError, match="injected"):
         assert [s.index for s in buffer] == [0]
     assert loader_threads() == []
+
+
+def test_auto_assembles_in_the_consumer_when_torch_uses_every_core(store, monkeypatch):
+    import os
+
+    import graphstore.buffer.manager as manager
+
+    cores = len(os.sched_getaffinity(0))
+    for threads, where in ((cores, "consumer"), (max(cores - 1, 1), "consumer" if cores == 1 else "loader")):
+        monkeypatch.setattr(manager.torch, "get_num_threads", lambda t=threads: t)
+        with BufferManager(store, STATES[:2]) as buffer:
+            assert buffer.assemble == where
+            assert [loaded.index for loaded in buffer] == [0, 1]
+    with pytest.raises(ConfigError, match="assemble must be"):
+        BufferManager(store, STATES, assemble="elsewhere")
