@@ -73,7 +73,6 @@ from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EMBEDDINGS_ARRAY, EmbeddingTable
 from graphstore.loaders import EdgeBatch, EdgeLoader
 from graphstore.nn import DECODERS, GNN, full_ranks, link_loss, ogb_hits_at_k, ranking_metrics
-from graphstore.sample import sample_dense
 from graphstore.sample.reference import Block
 
 try:
@@ -194,22 +193,6 @@ def sparse_adam_(table: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor, lr
     table[rows, 0] = table[rows, 0] - lr * (m / (1 - b1 ** step)) / denom
 
 
-class _EdgeIdLoader(EdgeLoader):
-    """EdgeLoader whose DENSE carries edge ids, so an RGCN can look up each sampled edge's
-    relation (``graph.rel[dense.edge_ids]``). Workaround: `EdgeLoader._batch` samples
-    without ``return_edge_ids`` (proposed fix: pass ``return_edge_ids=graph.rel is not None``)."""
-
-    def _batch(self, g, src, dst, rel, negs, generator, workspace) -> EdgeBatch:
-        if self.fanouts is None:
-            return EdgeBatch(src, dst, rel, negs, g)
-        nodes, inverse = torch.unique(torch.cat([src, dst, negs.nodes.flatten()]), return_inverse=True)
-        b = src.numel()
-        index = {"src": inverse[:b], "dst": inverse[b:2 * b], "neg": inverse[2 * b:].view(negs.nodes.shape)}
-        dense = sample_dense(g, nodes, self.fanouts, generator=generator, workspace=workspace,
-                             return_edge_ids=True)
-        return EdgeBatch(src, dst, rel, negs, g, dense, nodes, index)
-
-
 # ---------------------------------------------------------------------- the model
 
 def link_prediction_loss(decoder, s: torch.Tensor, rel: torch.Tensor, o: torch.Tensor, n: torch.Tensor,
@@ -286,8 +269,9 @@ class Trainer:
         elif self.use_embeddings:
             self.table = EmbeddingTable.open(store)  # restored from the checkpoint by the caller
         in_dim = args.embedding_dim if self.use_embeddings else m.feature_dim
-        loader_cls = _EdgeIdLoader if args.encoder == "rgcn" else EdgeLoader
-        self.loader = loader_cls(
+        # With relations (which --encoder rgcn requires) the loader's DENSE carries edge ids,
+        # so the RGCN looks up each sampled edge's relation as `graph.rel[dense.edge_ids]`.
+        self.loader = EdgeLoader(
             store, batch_size=args.batch_size, negatives=args.negatives, num_chunks=args.num_chunks,
             degree_fraction=args.degree_fraction, scheme=args.scheme, policy=args.policy,
             capacity=args.buffer_partitions, buffer_bytes=args.buffer_bytes, embeddings=self.table,

@@ -231,7 +231,7 @@ def _build_csc_numpy(edge_parts: Sequence[EdgePart], num_nodes: int, *, with_rel
     """`graphstore.buffer._native.build_csc` in numpy, where the C builder is not built: the
     same result by a stable argsort of the concatenated destinations."""
     empty = np.zeros(0, np.int64)
-    # Each list is dropped as soon as it is joined: this runs beside training, and its
+    # The shifted copies live only while joined: this runs beside training, and its
     # temporaries count against the same memory (`graphstore.buffer.budget`).
     dst = np.concatenate([empty, *(d.astype(np.int64) + shift for _, _, d, shift, _ in edge_parts)])
     order = np.argsort(dst, kind="stable")  # timsort merges the sorted runs

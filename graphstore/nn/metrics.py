@@ -81,17 +81,25 @@ def ranks(pos: torch.Tensor, neg: torch.Tensor, *, filter_mask: torch.Tensor | N
     Returns
     -------
     int64 tensor [B]
-        ``1 + #(neg[i] >= pos[i])`` over the unfiltered negatives.
+        ``1 + #(neg[i] >= pos[i])`` over the unfiltered negatives. A NaN negative counts
+        as above its positive, and a NaN or infinite positive ranks last: a diverged score
+        never improves a rank (with ``>=`` alone a NaN positive would rank first).
     """
     if neg.dim() != 2 or neg.shape[0] != pos.shape[0]:
         raise ConfigError(f"neg must have shape [{pos.shape[0]}, K] (got {list(neg.shape)})")
-    above = neg >= pos[:, None]
+    above = _at_or_above(neg, pos)
     if filter_mask is not None:
         if filter_mask.shape != neg.shape:
             raise ConfigError(f"filter_mask must have the shape of neg {list(neg.shape)} "
                               f"(got {list(filter_mask.shape)})")
         above &= ~filter_mask
     return 1 + above.sum(1)
+
+
+def _at_or_above(neg: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """[B, K] whether each negative counts as scoring at or above its positive: ``neg >=
+    pos``, and also a NaN negative, and every negative of a non-finite positive."""
+    return (neg >= pos[:, None]) | torch.isnan(neg) | ~torch.isfinite(pos)[:, None]
 
 
 def ranking_metrics(rank: torch.Tensor, ks: Sequence[int] = KS) -> dict[str, float]:
@@ -131,7 +139,9 @@ def full_ranks(score_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], s
     """Pessimistic rank of each positive ``dst[i]`` among *all* nodes as destinations.
 
     ``rank[i] = 1 + #{c != dst[i] : score(i, c) >= score(i, dst[i])}``, and with known edges
-    (filtered), candidates ``c`` with ``(src[i], rel[i], c)`` known are not counted. To rank
+    (filtered), candidates ``c`` with ``(src[i], rel[i], c)`` known are not counted. Non-finite
+    scores are ranked as in `ranks`: a NaN candidate counts as above, a NaN or infinite
+    positive ranks last. To rank
     sources instead, swap ``src`` and ``dst`` (and the known arrays) and let ``score_fn``
     put the candidates at the source end.
 
@@ -211,7 +221,7 @@ def full_ranks(score_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], s
         count = torch.zeros(index.numel(), dtype=torch.int64, device=device)
         for c0, c1 in chunks:
             block = blocks[c0] if blocks else score_fn(index, torch.arange(c0, c1, device=device))
-            above = block >= pos[:, None]
+            above = _at_or_above(block, pos)
             here = (d >= c0) & (d < c1)
             above[rows[here], d[here] - c0] = False              # the positive itself
             if filtered:

@@ -41,6 +41,41 @@ def test_filtered_ranks_skip_known_edges_only():
     assert ranks(pos, neg, filter_mask=below).tolist() == [2, 4]
 
 
+def test_non_finite_scores_never_improve_a_rank():
+    nan, inf = float("nan"), float("inf")
+    pos = torch.tensor([nan, inf, -inf, 2.0, 2.0, 2.0])
+    neg = torch.tensor([[0.0, 1.0, -5.0],    # NaN positive: last, not first (>= is False for NaN)
+                        [0.0, 1.0, 9.0],     # +inf positive: a diverged score, last too
+                        [0.0, 1.0, 9.0],     # -inf positive: last
+                        [nan, 0.0, 1.0],     # a NaN negative counts as above
+                        [inf, 0.0, 1.0],     # +inf negative is above
+                        [-inf, 0.0, 1.0]])   # -inf negative is below
+    assert ranks(pos, neg).tolist() == [4, 4, 4, 2, 2, 1]
+    # A filtered negative stays out of the count even beside a NaN positive.
+    mask = torch.zeros_like(neg, dtype=torch.bool)
+    mask[0, 1] = True
+    assert ranks(pos, neg, filter_mask=mask).tolist() == [3, 4, 4, 2, 2, 1]
+    assert ranking_metrics(ranks(pos[:3], neg[:3]))["mrr"] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("candidate_chunk", [1 << 16, 2])
+def test_full_ranks_rank_non_finite_scores_as_ranks_does(candidate_chunk):
+    nan, inf = float("nan"), float("inf")
+    table = torch.tensor([[nan, 0.0, 1.0, 2.0],   # positive dst 0 is NaN: last
+                          [inf, 0.0, 1.0, 2.0],   # positive dst 0 is +inf: last
+                          [0.0, 3.0, nan, 1.0],   # positive dst 1; a NaN candidate counts as above
+                          [0.0, 3.0, inf, -inf]])  # positive dst 1; +inf above, -inf below
+    src, dst = torch.arange(4), torch.tensor([0, 0, 1, 1])
+
+    def score_fn(index, candidates):
+        return table[index][:, candidates]
+
+    got = full_ranks(score_fn, src, dst, 4, candidate_chunk=candidate_chunk)
+    assert got.tolist() == [4, 4, 2, 2]
+    want = ranks(table[src, dst], torch.stack([table[i][torch.arange(4) != dst[i]] for i in range(4)]))
+    assert got.tolist() == want.tolist()
+
+
 def test_mrr_and_hits_on_a_hand_example():
     metrics = ranking_metrics(torch.tensor([1, 2, 4, 25, 60]))
     assert metrics == {

@@ -268,3 +268,18 @@ def test_native_refuses_a_cuda_graph_and_auto_uses_torch():
     with pytest.raises(ConfigError, match="CPU-only"):
         sample_dense(graph, torch.tensor([1]), (2,), backend="native")
     assert sample_dense(graph, torch.tensor([1]), (2,)).nbrs.device.type == "cuda"
+
+
+@pytest.mark.parametrize("module", ["graphstore.sample._native", "graphstore.buffer._native"])
+def test_a_missing_kernel_warns_once_at_the_default_level(module, monkeypatch, caplog):
+    import importlib
+    import logging
+
+    mod = importlib.import_module(module)
+    monkeypatch.setattr(mod, "_state", {})  # not loaded yet in this process
+    monkeypatch.setattr(mod.importlib.machinery, "EXTENSION_SUFFIXES", [".not-built.so"])
+    with caplog.at_level(logging.WARNING, logger=mod.__name__):
+        assert mod.library() is None and mod.library() is None
+    warnings = [r for r in caplog.records if r.name == mod.__name__ and r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "not built" in warnings[0].getMessage()
+    assert "not built" in mod.load_error()

@@ -57,14 +57,21 @@ def test_disk_comet_learns_embeddings_in_the_store(fresh_kg, tmp_path, capsys):
     assert "logical partitions 4" in capsys.readouterr().out
 
 
-def test_resume_restores_the_embeddings_exactly(kg_store, tmp_path):
+# An RGCN samples through the buffer: its batches must not depend on the slots earlier
+# epochs left (under COMET here they differ between a straight and a resumed run; an RGCN
+# sampling in local-id order diverged after the resume).
+ENCODED = ["--encoder", "rgcn", "--model", "complex", "--fanouts", "5,5"]
+
+
+@pytest.mark.parametrize("policy, encoder", [("beta", []), ("comet", ENCODED)], ids=["embeddings", "rgcn"])
+def test_resume_restores_the_embeddings_exactly(kg_store, tmp_path, policy, encoder):
     import shutil
 
     stores = {}
     for name in ("straight", "split"):
         stores[name] = tmp_path / f"{name}.gs"
         shutil.copytree(kg_store, stores[name])
-    args = ["--scheme", "disk", "--policy", "beta", *FAST]
+    args = ["--scheme", "disk", "--policy", policy, *encoder, *FAST]
     a, b = tmp_path / "a", tmp_path / "b"
     assert run(["--store", stores["straight"], *args, "--epochs", 3, "--checkpoint-dir", a,
                 "--metrics-out", a / "m.json"]) == 0
@@ -85,15 +92,18 @@ def test_resume_restores_the_embeddings_exactly(kg_store, tmp_path):
     assert all(torch.equal(v, sb[k]) for k, v in sa.items())
 
 
-@pytest.mark.parametrize("encoder, model", [("sage", "distmult"), ("rgcn", "complex"), ("gat", "transe")])
-def test_encoders_train_and_evaluate(fresh_kg, tmp_path, encoder, model):
+@pytest.mark.parametrize("encoder, model, lr", [("sage", "distmult", 0.01), ("rgcn", "complex", 0.05),
+                                                ("gat", "transe", 0.01)])
+def test_encoders_train_and_evaluate(fresh_kg, tmp_path, encoder, model, lr):
     out = tmp_path / "m.json"
     assert run(["--store", fresh_kg, "--encoder", encoder, "--model", model, "--fanouts", "5,5",
-                "--epochs", 1, "--optimizer", "adam", "--metrics-out", out, *FAST[:-2], "--lr", 0.01]) == 0
+                "--epochs", 4, "--optimizer", "adam", "--metrics-out", out, *FAST[:-2], "--lr", lr]) == 0
     m = json.loads(out.read_text())
     assert m["config"]["encoder"] == encoder and m["config"]["loader"]["fanouts"] == [5, 5]
-    assert all(math.isfinite(e["train_loss"]) for e in m["epochs"])
-    assert 0 < m["final"]["valid"]["mrr"] <= 1
+    losses = [e["train_loss"] for e in m["epochs"]]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < 0.95 * losses[0]
+    # Learned, not merely finite: 4 epochs reach 2-6x a random ranking's MRR on this graph.
+    assert m["final"]["valid"]["mrr"] > 1.5 * random_mrr(graphstore.open(fresh_kg).num_nodes)
 
 
 def test_unfiltered_is_not_above_filtered(fresh_kg, tmp_path):
@@ -103,7 +113,8 @@ def test_unfiltered_is_not_above_filtered(fresh_kg, tmp_path):
         argv = ["--store", fresh_kg, "--epochs", 1, "--eval", mode, "--metrics-out", outs[mode], *FAST]
         assert run(argv) == 0
     f, u = (json.loads(outs[k].read_text())["final"]["test"]["mrr"] for k in ("filtered", "unfiltered"))
-    assert u <= f
+    # Strictly: training edges outrank some test positives, and only the filter removes them.
+    assert u < f
 
 
 def test_store_without_edge_splits_is_one_line(cora_store, capsys):

@@ -75,8 +75,8 @@ def library() -> ctypes.CDLL | None:
     """The loaded builder, or None when it is unavailable (see `load_error`); loads once."""
     if "lib" not in _state:
         _state["lib"], _state["error"] = _load()
-        if _state["error"] is not None:
-            logger.debug("compiled CSC builder unavailable, using numpy: %s", _state["error"])
+        if _state["error"] is not None:  # once per process, as the DENSE kernel's
+            logger.warning("compiled CSC builder unavailable, assembling with numpy (slower): %s", _state["error"])
     return _state["lib"]
 
 

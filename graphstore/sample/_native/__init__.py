@@ -130,9 +130,9 @@ def library() -> ctypes.CDLL | None:
         lib, error = _load()
         _state["lib"], _state["error"] = lib, error
         if error is not None:
-            # Debug, not warning: a pure-Python install is supported; the torch path is right,
-            # only slower, and `native_available()` lets a user ask.
-            logger.debug("compiled DENSE kernel unavailable, using torch: %s", error)
+            # A warning, once (this runs once per process): the torch path is right but
+            # several times slower, and a user who lost the build should hear why.
+            logger.warning("compiled DENSE kernel unavailable, sampling with torch (slower): %s", error)
     return _state["lib"]
 
 

@@ -239,17 +239,24 @@ static int floyd_reserve(gs_ctx *c, int64_t k) {
             if (!q) return GS_NO_MEMORY;
             c->table_pos = q;
         }
-        c->slots_cap = k;
     }
     if (k > GS_SCAN_MAX && 2 * k > c->table_mask + 1) {
         int64_t size = 64;
         while (size < 2 * k) size *= 2;
         free(c->table);
         c->table = (int64_t *)malloc((size_t)size * sizeof(int64_t));
-        if (!c->table) { c->table_mask = -1; return GS_NO_MEMORY; }
+        if (!c->table) {
+            /* No capacity is claimed: callers reserve whenever count > slots_cap, so 0 makes
+             * the next draw retry here instead of probing a NULL table. */
+            c->table_mask = -1;
+            c->slots_cap = 0;
+            return GS_NO_MEMORY;
+        }
         for (int64_t i = 0; i < size; i++) c->table[i] = -1;
         c->table_mask = size - 1;
     }
+    /* Claimed only once every buffer for k draws exists. */
+    if (k > c->slots_cap) c->slots_cap = k;
     return GS_OK;
 }
 
