@@ -216,11 +216,16 @@ def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, see
 
 
 def _micro_step(model, batch, args, *, seed: int, stats: dict | None, device) -> torch.Tensor:
-    """Split the batch (fixed K, or the fewest fitting the budget) and accumulate gradients."""
-    batch = batch.to(device) if str(device) != "cpu" else batch
+    """Split the batch (fixed K, or the fewest fitting the budget) and accumulate gradients.
+
+    The parent batch stays on the host; `micro_batch_backward` moves each micro-batch to
+    ``device`` as it runs, so the device holds one micro-batch, which is what the budget
+    counts. With a budget, the search for K starts from the epoch's previous batch's K
+    (``stats["last_k"]``; each epoch starts from 1, so a resumed run chooses the same K)."""
     if args.micro_batch_budget is not None:
+        start = stats.get("last_k", 1) if stats is not None else 1
         parts = choose_micro_batches(batch.dense, args.micro_batch_budget, estimator=step_estimator(model),
-                                     strategy=args.micro_strategy, seed=seed)
+                                     strategy=args.micro_strategy, seed=seed, start_k=start)
     else:
         parts = split_dense(batch.dense, min(args.micro_batches, batch.dense.num_targets),
                             strategy=args.micro_strategy, seed=seed)
@@ -228,11 +233,12 @@ def _micro_step(model, batch, args, *, seed: int, stats: dict | None, device) ->
         stats["batches"] = stats.get("batches", 0) + 1
         stats["micro_batches"] = stats.get("micro_batches", 0) + len(parts)
         stats["max_k"] = max(stats.get("max_k", 0), len(parts))
+        stats["last_k"] = len(parts)
         stats["input_rows"] = stats.get("input_rows", 0) + sum(int(p.dense.num_nodes) for p in parts)
         stats["batch_input_rows"] = stats.get("batch_input_rows", 0) + int(batch.dense.num_nodes)
     # GCN normalises by degree: give every micro-batch its parent's (the whole batch's) degrees.
     degrees = layer_degrees(batch.dense)[0] if args.model == "gcn" else None
-    return micro_batch_backward(model, batch, parts, degrees=degrees)
+    return micro_batch_backward(model, batch, parts, degrees=degrees, device=device)
 
 
 @torch.no_grad()

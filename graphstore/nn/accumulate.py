@@ -42,7 +42,7 @@ __all__ = ["micro_batch_backward"]
 def micro_batch_backward(model: GNN, batch: Batch, parts: Sequence[MicroBatch], *,
                          edge_type: torch.Tensor | None = None, degrees: torch.Tensor | None = None,
                          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                         ignore_index: int = -1) -> torch.Tensor:
+                         ignore_index: int = -1, device: torch.device | str | None = None) -> torch.Tensor:
     """Accumulate the whole batch's gradient into ``model``'s ``.grad``, one micro-batch at
     a time; returns the whole batch's loss (detached).
 
@@ -64,6 +64,12 @@ def micro_batch_backward(model: GNN, batch: Batch, parts: Sequence[MicroBatch], 
         ``cross_entropy(..., ignore_index=ignore_index)``.
     ignore_index : int
         Label of an unlabelled target (weights count only the others).
+    device : torch.device or str, optional
+        Where each micro-batch runs (default: the model's parameters' device). The batch
+        and ``parts`` may stay on the host: each micro-batch's rows, labels, DENSE and
+        ``edge_type``/``degrees`` entries are moved there as it runs, so the device holds
+        one micro-batch at a time (what a micro-batch memory budget counts), never the
+        whole batch.
 
     Raises
     ------
@@ -75,6 +81,8 @@ def micro_batch_backward(model: GNN, batch: Batch, parts: Sequence[MicroBatch], 
     if loss_fn is None:
         def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(logits, labels, ignore_index=ignore_index)
+    if device is None:
+        device = next(model.parameters()).device
     weights = loss_weights(parts, batch.labels, ignore_index=ignore_index).tolist()
     total = None
     for part, weight in zip(parts, weights):
@@ -83,12 +91,13 @@ def micro_batch_backward(model: GNN, batch: Batch, parts: Sequence[MicroBatch], 
         sub = part.batch(batch)
         kwargs = {}
         if edge_type is not None:
-            kwargs["edge_type"] = edge_type[part.edges.to(edge_type.device)]
+            kwargs["edge_type"] = edge_type[part.edges.to(edge_type.device)].to(device)
         if degrees is not None:
-            kwargs["degrees"] = degrees[part.rows.to(degrees.device)]
-        loss = loss_fn(model(sub.features, part.dense, **kwargs), sub.labels) * weight
+            kwargs["degrees"] = degrees[part.rows.to(degrees.device)].to(device)
+        logits = model(sub.features.to(device), part.dense.to(device), **kwargs)
+        loss = loss_fn(logits, sub.labels.to(device)) * weight
         loss.backward()
         total = loss.detach() if total is None else total + loss.detach()
     if total is None:
-        return torch.zeros((), dtype=batch.features.dtype, device=batch.features.device)
+        return torch.zeros((), dtype=batch.features.dtype, device=device)
     return total

@@ -471,15 +471,20 @@ def split_dense(dense: DENSE, num_micro_batches: int, *, strategy: str = "reg", 
 
 def choose_micro_batches(dense: DENSE, budget_bytes: int, *, estimator: Callable[[DenseSizes], int],
                          strategy: str = "reg", seed: int = 0, reg_hops: int = 1,
-                         hub_threshold: int = DEFAULT_HUB_THRESHOLD) -> list[MicroBatch]:
-    """The split into the fewest micro-batches whose largest estimate fits ``budget_bytes``.
+                         hub_threshold: int = DEFAULT_HUB_THRESHOLD, start_k: int = 1) -> list[MicroBatch]:
+    """The split into the fewest micro-batches whose largest estimate fits ``budget_bytes``,
+    searched from ``start_k``.
 
-    K goes up from 1 and the first K whose every micro-batch has ``estimator(sizes) <=
-    budget_bytes`` wins, so every smaller K was tried and did not fit. K = T (one target
-    each) is checked first, so a budget nothing fits fails at once (a split's largest
-    micro-batch need not shrink monotonically with K under METIS, so no bisection). Each
-    try costs one partition and the closure sizes (`micro_batch_sizes`); only the chosen K
-    is built.
+    K = ``start_k`` is tried first. When it fits, K goes down while the next smaller K fits
+    too, and the last that fits wins; when it does not, K goes up until one fits. From
+    ``start_k = 1`` that is the fewest fitting K (every smaller K was tried); a trainer
+    passes the previous batch's K, so consecutive batches of similar size cost one or two
+    partitions each instead of one per K from 1 (a split's largest micro-batch need not
+    shrink monotonically with K under METIS, so no bisection, and from a larger start the
+    answer is the fewest fitting K down to the first that does not fit). Each try costs one
+    partition and the closure sizes (`micro_batch_sizes`); only the chosen K is built.
+    Whether one target per micro-batch fits (else nothing does) is checked only when the
+    search has to go up: it costs a closure per target.
 
     Parameters
     ----------
@@ -491,6 +496,8 @@ def choose_micro_batches(dense: DENSE, budget_bytes: int, *, estimator: Callable
         `DenseSizes` -> bytes, e.g. ``graphstore.nn.step_estimator(model)``.
     strategy, seed, reg_hops, hub_threshold
         As for `partition_targets`.
+    start_k : int
+        Where the search starts (clamped to ``[1, T]``), e.g. the previous batch's K.
 
     Returns
     -------
@@ -504,13 +511,6 @@ def choose_micro_batches(dense: DENSE, budget_bytes: int, *, estimator: Callable
     t = dense.num_targets
     if t == 0:
         raise ConfigError("cannot split a batch without targets")
-    # One target per micro-batch is the finest split: when it does not fit, none does, and
-    # saying so at once spares trying every K.
-    singles = torch.arange(t, device=dense.node_ids.device)
-    worst = max(estimator(s) for s in micro_batch_sizes(dense, singles))
-    if worst > budget_bytes:
-        raise ConfigError(f"even {t} micro-batches of one target each need up to {worst} bytes, over the "
-                          f"budget of {budget_bytes} bytes; raise the budget or shrink the model or fanouts")
     partition_targets(dense, 1, strategy=strategy, seed=seed, reg_hops=reg_hops,
                       hub_threshold=hub_threshold)  # validates the arguments
     cache: list[tuple[torch.Tensor, ...]] = []
@@ -521,14 +521,29 @@ def choose_micro_batches(dense: DENSE, budget_bytes: int, *, estimator: Callable
             cache.append(_target_graph(dense, strategy, reg_hops, hub_threshold))
         return cache[0]
 
-    for k in range(1, t + 1):
+    def fitting(k: int) -> torch.Tensor | None:
         parts = _partition(dense, k, strategy, seed, target_graph)
         worst = max(estimator(s) for s in micro_batch_sizes(dense, parts))
-        if worst <= budget_bytes:
-            logger.debug("micro-batches: K=%d, largest estimate %d <= budget %d bytes", k, worst,
-                         budget_bytes)
-            return micro_batches(dense, parts)
-    raise AssertionError("unreachable: K = T fits")  # pragma: no cover
+        return parts if worst <= budget_bytes else None
+
+    k = min(max(int(start_k), 1), t)
+    parts = fitting(k)
+    if parts is not None:
+        while k > 1 and (smaller := fitting(k - 1)) is not None:
+            k, parts = k - 1, smaller
+    else:
+        # One target per micro-batch is the finest split: when it does not fit, none does,
+        # and saying so at once spares trying every K up to T.
+        singles = torch.arange(t, device=dense.node_ids.device)
+        worst = max(estimator(s) for s in micro_batch_sizes(dense, singles))
+        if worst > budget_bytes:
+            raise ConfigError(f"even {t} micro-batches of one target each need up to {worst} bytes, over the "
+                              f"budget of {budget_bytes} bytes; raise the budget or shrink the model or fanouts")
+        while parts is None:
+            k += 1
+            parts = fitting(k)
+    logger.debug("micro-batches: K=%d fits the budget of %d bytes (search from K=%d)", k, budget_bytes, start_k)
+    return micro_batches(dense, parts)
 
 
 def loss_weights(parts: Sequence[MicroBatch], labels: torch.Tensor | None = None, *,

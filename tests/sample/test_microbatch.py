@@ -246,6 +246,36 @@ def test_choose_takes_the_fewest_micro_batches_that_fit(dense):
         choose_micro_batches(dense, 3, estimator=estimator)
 
 
+@pytest.mark.parametrize("strategy", ["random", "reg"])
+def test_choose_from_the_previous_k_costs_fewer_tries_and_still_fits(dense, strategy):
+    calls = []
+
+    def estimator(sizes):
+        calls.append(1)
+        return sizes.num_nodes
+
+    budget = 120
+    fewest = len(choose_micro_batches(dense, budget, estimator=estimator, strategy=strategy))
+    from_one = len(calls)
+    assert fewest > 2
+    for start in (fewest, fewest + 3, 1, fewest - 1, 10_000):
+        calls.clear()
+        parts = choose_micro_batches(dense, budget, estimator=estimator, strategy=strategy, start_k=start)
+        k = len(parts)
+        assert max(p.dense.num_nodes for p in parts) <= budget
+        if start <= fewest:  # searching up from below finds the fewest
+            assert k == fewest
+        else:  # searching down stops at the first K that does not fit below a fitting one
+            assert k <= min(start, dense.num_targets)
+            fewer = partition_targets(dense, k - 1, strategy=strategy)
+            assert max(s.num_nodes for s in micro_batch_sizes(dense, fewer)) > budget
+        if start == fewest:
+            # Two partitions (K fits, K - 1 does not) and no closure per target.
+            assert len(calls) == fewest + (fewest - 1) < from_one
+    with pytest.raises(ConfigError, match="even 40 micro-batches of one target each"):
+        choose_micro_batches(dense, 3, estimator=estimator, start_k=5)
+
+
 def test_micro_batch_slices_the_parent_batch_and_weights_its_labels(dense):
     features = torch.arange(400.0)[:, None].repeat(1, 2)
     labels = torch.arange(400) % 5 - 1                     # every fifth node unlabelled
