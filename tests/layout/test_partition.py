@@ -410,8 +410,8 @@ def planted_partition(rng: np.random.Generator, num_nodes=2000, communities=8):
 
 @pytest.mark.parametrize("graph_seed", [0, 1, 2])
 def test_metis_and_stream_cut_far_fewer_edges_than_random(tmp_path, graph_seed):
-    # Measured over 10 graphs x 3 seeds: metis/random 0.08 at most, stream/random
-    # 0.19 median and 0.43 at most (0.33 with one chunk); random cuts 7/8 of edges.
+    # Measured over 10 graphs x 3 seeds (the multilevel stream partitioner): metis/random
+    # and stream/random 0.08 at most, in one chunk or eight; random cuts 7/8 of edges.
     src, dst = planted_partition(np.random.default_rng(graph_seed))
     edges = stage(tmp_path, 2000, src, dst)
 
