@@ -4,6 +4,8 @@ Usage::
 
     python tools/bench_microbatch.py [--quick] --json OUT.json [--work-dir DIR]
                                      [--datasets amazon_photo,synthetic] [--ks 2,4,8,16,32]
+                                     [--memory-kinds gat,gcn,gin,rgcn,sage]
+                                     [--hub-ks 2,8,32] [--hub-thresholds 64,256,1024,none]
 
 What it does, per dataset:
 
@@ -23,16 +25,27 @@ What it does, per dataset:
   float32, Adam; re-initialised from the same seed for every case. One torch thread by
   default (``--threads``).
 * **Cases.** Every K in ``--ks`` and strategy in reg / metis / random / range (METIS and
-  random seeded with the batch index):
+  random seeded with the batch index; ``reg`` with ``reg_hops`` 1 and ``hub_threshold`` 64,
+  the library defaults, recorded in ``settings``):
 
   - ``total_inputs``: input nodes summed over the K micro-batches, mean over the batches
     (``total_inputs_per_batch`` lists them; ``redundancy`` = ``total_inputs`` over the whole
     batch's input nodes);
   - ``split_s``: time of `split_dense` (partition + building the micro-batches), mean;
-  - ``est_peak_bytes`` / ``measured_peak_bytes``: on the first batch, the micro-batch with
-    the largest estimate (`estimate_step_memory`, Adam) is measured
-    (`measure_step_memory`, CPU: saved-for-backward tensors + inputs + parameters,
-    gradients and Adam state); ``est_error`` = est / measured - 1;
+  - memory, on the first batch: the micro-batch with the largest estimated total
+    (`estimate_step_memory`, Adam) is measured (`measure_step_memory`): one forward, loss,
+    backward and Adam step on a copy of the model whose Adam state already exists and
+    whose gradients are None. ``measured_peak_bytes`` is the allocator's peak during that
+    step above what it held before (``peak_source``: ``"cpu_allocator"``, the CPU
+    allocator's events from ``torch.profiler``, or ``"cuda_allocator"``,
+    ``torch.cuda.max_memory_allocated``); ``est_peak_bytes`` the estimate of it;
+    ``est_error`` = est / measured - 1 (``est_minus_measured_bytes`` the difference).
+    ``held_bytes`` (inputs, the DENSE's index tensors, parameters, Adam state; the same in
+    both) plus the peak is the step's total (``measured_total_bytes``, ``est_total_bytes``,
+    ``est_total_error``).
+    ``saved_tensor_bytes`` is the other figure: inputs + the tensors autograd saves +
+    parameters + gradients + Adam state (``est_saved_tensor_bytes`` reproduces it to the
+    byte); ``total_over_saved`` = measured total / saved-tensor sum;
   - ``epoch_s``: one training epoch over the batches (split, `micro_batch_backward`, one
     Adam step per batch; sampling and the feature gather excluded, being the same for every
     case), the fastest of ``--repeats`` epochs (default 2, all in ``epoch_s_repeats``;
@@ -41,15 +54,40 @@ What it does, per dataset:
     inflate less.
 
   ``baselines`` holds the unsplit batch (K = 1) per dataset: its inputs, memory and epoch.
+* **Memory per layer type.** ``memory_cases``: for every layer type in
+  ``--memory-kinds`` (default all of `graphstore.nn.LAYERS`) and K in 1 and ``--ks``, the
+  first batch split with ``reg``, the same 3-layer model shape (hidden 128, Adam, no
+  dropout; GAT with 4 heads, RGCN with 4 random relation types per sampled edge and 2
+  bases, GCN given the whole batch's sampled degrees as `micro_batch_backward` is), the
+  largest micro-batch measured as above. Untrained: memory does not depend on weights.
+* **Hub threshold.** ``hub_threshold_cases``: REG departs from Betty's ``C = A^T A`` by
+  leaving out nodes shared by more than ``hub_threshold`` targets (each adds H * (H - 1)
+  entries). For ``reg`` on the same batches and seeds as the cases, every K in ``--hub-ks``
+  (full: 2, 8, 32; quick: 8) and threshold in ``--hub-thresholds`` (full: 64 = the default,
+  256, 1024, ``none``; quick: 64, none; ``none`` = the batch's target count + 1, so no node
+  is left out: exact ``A^T A``): ``total_inputs`` (mean over the batches, as the cases;
+  the default's equals the ``reg`` case's), ``split_s`` (`split_dense` with that
+  threshold, the fastest of ``--repeats`` per batch, mean over the batches),
+  ``target_graph_s`` (the REG alone, timed the same way), ``metis_entries`` (entries of the
+  target graph METIS receives, both directions: the length of ``_target_graph``'s output,
+  mean over the batches), and per batch ``hub_nodes_per_batch`` (nodes left out, shared by
+  more targets than the threshold) and ``max_shared_per_batch`` (the most targets sharing
+  one node). ``hub_threshold_summary`` gives, per dataset and K, the default against exact
+  ``A^T A``: inputs, METIS entries and split time, and ``inputs_default_over_exact`` =
+  default / exact - 1 (negative: the default needs fewer inputs).
 
-The JSON: ``{"cases": [...], "baselines": [...], "datasets": {...}, "goals": {...},
-"settings": {...}, "machine": {...}}``. ``goals`` checks, per dataset and K, that ``reg``
-has fewer total inputs than every other strategy, and the largest estimator error.
+The JSON: ``{"cases": [...], "baselines": [...], "memory_cases": [...],
+"hub_threshold_cases": [...], "hub_threshold_summary": {...}, "datasets": {...},
+"goals": {...}, "settings": {...}, "machine": {...}}``. ``goals`` checks, per dataset and
+K, that ``reg`` has fewer total inputs than every other strategy; ``goals["memory"]``
+gives, per layer type, the largest estimator error against the allocator's peak over
+both datasets and every K, and ``est_error_under_5pct`` whether every case is under 5 %.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -66,12 +104,27 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from graphstore.nn import GNN, estimate_step_memory, measure_step_memory, micro_batch_backward  # noqa: E402
-from graphstore.sample import Batch, CSCGraph, sample_dense, split_dense, total_inputs  # noqa: E402
+from graphstore.nn import (
+    GNN,
+    LAYERS,
+    estimate_step_memory,
+    layer_degrees,
+    measure_step_memory,
+    micro_batch_backward,
+)
+from graphstore.sample import Batch, CSCGraph, sample_dense, split_dense, total_inputs
+from graphstore.sample.microbatch import DEFAULT_HUB_THRESHOLD, _closures, _target_graph
 
 STRATEGIES = ("reg", "metis", "random", "range")
 FANOUTS = (10, 10, 10)
 HIDDEN = 128
+GAT_HEADS = 4
+RGCN_RELATIONS, RGCN_BASES = 4, 2
+UNDER = 0.05  # the estimator's error goal against the allocator's peak
+# reg's settings in the strategy and memory cases (the library defaults), passed explicitly
+# so that what settings records is what ran.
+REG_HOPS = 1
+HUB_THRESHOLD = DEFAULT_HUB_THRESHOLD
 AMAZON_SOURCE = REPO.parent / "shared" / "data" / "amazon_photo" / "amazon-photo.zip"
 
 
@@ -136,21 +189,72 @@ def make_batches(graph: CSCGraph, features: torch.Tensor, labels: torch.Tensor, 
 
 # ---------------------------------------------------------------------------- cases
 
-def new_model(in_dim: int, out_dim: int, seed: int) -> tuple[GNN, torch.optim.Optimizer]:
+def new_model(in_dim: int, out_dim: int, seed: int, kind: str = "sage") -> tuple[GNN, torch.optim.Optimizer]:
     torch.manual_seed(seed)
-    model = GNN("sage", in_dim=in_dim, hidden_dim=HIDDEN, out_dim=out_dim, num_layers=len(FANOUTS))
+    model = GNN(kind, in_dim=in_dim, hidden_dim=HIDDEN, out_dim=out_dim, num_layers=len(FANOUTS),
+                heads=GAT_HEADS, num_relations=RGCN_RELATIONS, num_bases=RGCN_BASES)
     return model, torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
-def peak_memory(model: GNN, batch: Batch, parts) -> dict:
-    """Estimate every micro-batch; measure the one with the largest estimate."""
-    estimates = [estimate_step_memory(model, p.dense).total_bytes for p in parts]
-    top = int(np.argmax(estimates))
-    sub = parts[top].batch(batch)
-    measured = measure_step_memory(model, parts[top].dense, sub.features, sub.labels).total_bytes
-    return {"est_peak_bytes": int(estimates[top]), "measured_peak_bytes": int(measured),
-            "est_error": round(estimates[top] / measured - 1.0, 6),
-            "largest_inputs": int(parts[top].dense.num_nodes)}
+def _error(est: int, measured: int) -> float:
+    return round(est / measured - 1.0, 6)
+
+
+def peak_memory(model: GNN, batch: Batch, parts, *, edge_type: torch.Tensor | None = None,
+                degrees: torch.Tensor | None = None) -> dict:
+    """Estimate every micro-batch; measure the one with the largest estimated total.
+
+    ``edge_type`` / ``degrees`` are the whole batch's (RGCN / GCN), sliced per micro-batch
+    as `micro_batch_backward` slices them.
+    """
+    estimates = [estimate_step_memory(model, p.dense) for p in parts]
+    top = int(np.argmax([e.total_bytes for e in estimates]))
+    est, part = estimates[top], parts[top]
+    sub = part.batch(batch)
+    kwargs = {}
+    if edge_type is not None:
+        kwargs["edge_type"] = edge_type[part.edges]
+    if degrees is not None:
+        kwargs["degrees"] = degrees[part.rows]
+    got = measure_step_memory(model, part.dense, sub.features, sub.labels, **kwargs)
+    if got.held_bytes != est.held_bytes:  # both count the same tensors: a mismatch is a bug
+        raise AssertionError(f"held bytes differ: estimate {est.held_bytes}, measured {got.held_bytes}")
+    return {"peak_source": got.peak_source,
+            "est_peak_bytes": est.peak_bytes, "measured_peak_bytes": got.peak_bytes,
+            "est_error": _error(est.peak_bytes, got.peak_bytes),
+            "est_minus_measured_bytes": est.peak_bytes - got.peak_bytes,
+            "held_bytes": got.held_bytes,
+            "est_total_bytes": est.total_bytes, "measured_total_bytes": got.total_bytes,
+            "est_total_error": _error(est.total_bytes, got.total_bytes),
+            "saved_tensor_bytes": got.saved_tensor_bytes, "est_saved_tensor_bytes": est.saved_tensor_bytes,
+            "total_over_saved": round(got.total_bytes / got.saved_tensor_bytes, 4),
+            "largest_inputs": int(part.dense.num_nodes), "largest_edges": int(part.dense.num_edges)}
+
+
+def run_memory(name: str, batch: Batch, ks: list[int], kinds: list[str], *, in_dim: int, out_dim: int,
+               seed: int) -> list[dict]:
+    """The estimate against the allocator's peak for every layer type and K (reg split)."""
+    t = batch.dense.num_targets
+    gen = torch.Generator().manual_seed(seed)
+    edge_type = torch.randint(RGCN_RELATIONS, (batch.dense.num_edges,), generator=gen)
+    degrees = layer_degrees(batch.dense)[0]
+    splits = {}
+    for k in [1] + [k for k in ks if k != 1]:
+        splits[min(k, t)] = split_dense(batch.dense, min(k, t), strategy="reg", seed=seed, reg_hops=REG_HOPS,
+                                        hub_threshold=HUB_THRESHOLD)
+    cases = []
+    for kind in kinds:
+        model, _ = new_model(in_dim, out_dim, seed, kind)
+        for k, parts in splits.items():
+            t0 = time.perf_counter()
+            memory = peak_memory(model, batch, parts, edge_type=edge_type if kind == "rgcn" else None,
+                                 degrees=degrees if kind == "gcn" else None)
+            cases.append({"dataset": name, "kind": kind, "k": k, "strategy": "reg", **memory,
+                          "measure_s": round(time.perf_counter() - t0, 2)})
+            print(f"{name} {kind} k={k}: peak est {memory['est_peak_bytes'] / 2**20:.1f} MiB, measured "
+                  f"{memory['measured_peak_bytes'] / 2**20:.1f} MiB ({100 * memory['est_error']:+.2f} %), "
+                  f"saved-tensor sum x{memory['total_over_saved']:.3f}", file=sys.stderr)
+    return cases
 
 
 def run_epoch(model: GNN, opt: torch.optim.Optimizer, batches: list[Batch], k: int, strategy: str, *,
@@ -162,7 +266,8 @@ def run_epoch(model: GNN, opt: torch.optim.Optimizer, batches: list[Batch], k: i
     for b, batch in enumerate(batches):
         c0 = time.process_time()
         t0 = time.perf_counter()
-        parts = split_dense(batch.dense, k, strategy=strategy, seed=seed + b)
+        parts = split_dense(batch.dense, k, strategy=strategy, seed=seed + b, reg_hops=REG_HOPS,
+                            hub_threshold=HUB_THRESHOLD)
         t1 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         micro_batch_backward(model, batch, parts)
@@ -207,8 +312,103 @@ def run_baseline(name: str, batches: list[Batch], *, in_dim: int, out_dim: int, 
     return case
 
 
-def goals(cases: list[dict]) -> dict:
-    """Per dataset and K: does reg need fewer inputs than every other strategy; estimator error."""
+def _shared_counts(batch: Batch) -> torch.Tensor:
+    """How many targets' ``REG_HOPS`` closures hold each node (REG's H per node)."""
+    dense = batch.dense
+    blocks = _closures(dense, torch.arange(dense.num_targets, device=dense.node_ids.device), REG_HOPS)
+    return torch.unique(torch.cat([index for _, index in blocks]), return_counts=True)[1]
+
+
+def _fastest(fn, repeats: int) -> tuple[float, object]:
+    """The fastest of ``repeats`` calls (seconds) and the last call's result."""
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def run_hub_thresholds(name: str, batches: list[Batch], ks: list[int], thresholds: list[int | None], *,
+                       seed: int, repeats: int) -> list[dict]:
+    """``reg`` at every K and hub threshold (None: exact A^T A) on the cases' batches and seeds."""
+    shared = [_shared_counts(b) for b in batches]
+    cases = []
+    for k in ks:
+        for threshold in thresholds:
+            inputs, split, graph, entries, hubs, values = [], [], [], [], [], []
+            for b, batch in enumerate(batches):
+                dense = batch.dense
+                kk = min(k, dense.num_targets)
+                # A node is in at most T closures: a threshold above T leaves none out.
+                value = dense.num_targets + 1 if threshold is None else threshold
+                split_s, parts = _fastest(functools.partial(split_dense, dense, kk, strategy="reg", seed=seed + b,
+                                                            reg_hops=REG_HOPS, hub_threshold=value), repeats)
+                graph_s, (src, _, _) = _fastest(functools.partial(_target_graph, dense, "reg", REG_HOPS, value),
+                                                repeats)
+                inputs.append(total_inputs(parts))
+                split.append(split_s)
+                graph.append(graph_s)
+                entries.append(int(src.numel()))
+                hubs.append(int((shared[b] > value).sum()))
+                values.append(value)
+            case = {"dataset": name, "strategy": "reg", "k": min(k, batches[0].dense.num_targets),
+                    "hub_threshold": "none" if threshold is None else threshold,
+                    "hub_threshold_value_per_batch": values, "reg_hops": REG_HOPS,
+                    "total_inputs": round(statistics.fmean(inputs)), "total_inputs_per_batch": inputs,
+                    "split_s": round(statistics.fmean(split), 5),
+                    "target_graph_s": round(statistics.fmean(graph), 5),
+                    "metis_entries": round(statistics.fmean(entries)), "metis_entries_per_batch": entries,
+                    "hub_nodes_per_batch": hubs, "max_shared_per_batch": [int(c.max()) for c in shared],
+                    "batches": len(batches)}
+            cases.append(case)
+            print(f"{name} k={k} hub_threshold={case['hub_threshold']}: inputs {case['total_inputs']:,} "
+                  f"split {1e3 * case['split_s']:.1f} ms, METIS entries {case['metis_entries']:,}, "
+                  f"hubs left out {hubs}", file=sys.stderr)
+    return cases
+
+
+def hub_threshold_summary(rows: list[dict]) -> dict:
+    """Per dataset and K: the default hub threshold against exact A^T A ("none")."""
+    out = {}
+    for d in rows:
+        if d["hub_threshold"] != HUB_THRESHOLD:
+            continue
+        exact = next((e for e in rows if e["dataset"] == d["dataset"] and e["k"] == d["k"]
+                      and e["hub_threshold"] == "none"), None)
+        if exact is None:
+            continue
+        out[f"{d['dataset']}/k={d['k']}"] = {
+            "default_hub_threshold": HUB_THRESHOLD,
+            "inputs_default": d["total_inputs"], "inputs_exact": exact["total_inputs"],
+            "inputs_default_over_exact": round(d["total_inputs"] / exact["total_inputs"] - 1.0, 5),
+            "metis_entries_default": d["metis_entries"], "metis_entries_exact": exact["metis_entries"],
+            "split_ms_default": round(1e3 * d["split_s"], 2), "split_ms_exact": round(1e3 * exact["split_s"], 2),
+            "batches_with_hubs_left_out": sum(h > 0 for h in d["hub_nodes_per_batch"]),
+            "batches": d["batches"]}
+    return out
+
+
+def memory_goals(rows: list[dict]) -> dict:
+    """Per layer type: the largest estimator errors (peak above held, and total) against the
+    allocator, and how far the saved-tensor sum falls short of the total."""
+    per_kind = {}
+    for kind in sorted({c["kind"] for c in rows}):
+        mine = [c for c in rows if c["kind"] == kind]
+        worst = max(mine, key=lambda c: abs(c["est_error"]))
+        per_kind[kind] = {
+            "cases": len(mine),
+            "max_abs_est_error": abs(worst["est_error"]),
+            "worst_case": {"dataset": worst["dataset"], "k": worst["k"], "strategy": worst["strategy"]},
+            "max_abs_est_total_error": max(abs(c["est_total_error"]) for c in mine),
+            "max_total_over_saved": max(c["total_over_saved"] for c in mine),
+            "under_5pct": all(abs(c["est_error"]) < UNDER for c in mine)}
+    return per_kind
+
+
+def goals(cases: list[dict], baselines: list[dict] | None = None, memory_cases: list[dict] | None = None) -> dict:
+    """Per dataset and K: does reg need fewer inputs than every other strategy; per layer
+    type, the estimator's error against the allocator's peak."""
     fewest = {}
     for c in cases:
         if c["strategy"] != "reg":
@@ -218,29 +418,54 @@ def goals(cases: list[dict]) -> dict:
         fewest[f"{c['dataset']}/k={c['k']}"] = {
             "reg": c["total_inputs"], **others,
             "reg_fewest": all(c["total_inputs"] < v for v in others.values())}
-    errors = [abs(c["est_error"]) for c in cases]
+    # Every measured step: the sage strategy cases, the unsplit batches, the per-layer cases.
+    rows = ([dict(c, kind="sage") for c in cases]
+            + [dict(b, kind="sage", k=1, strategy="(whole batch)") for b in baselines or []]
+            + list(memory_cases or []))
+    errors = [abs(c["est_error"]) for c in rows]
     return {"reg_fewest_inputs": fewest,
             "reg_fewest_everywhere": all(v["reg_fewest"] for v in fewest.values()),
+            "peak_sources": sorted({c["peak_source"] for c in rows}),
             "max_abs_est_error": max(errors) if errors else None,
-            "est_error_under_5pct": bool(errors) and max(errors) < 0.05}
+            "est_error_under_5pct": bool(errors) and max(errors) < UNDER,
+            "not_under_5pct": [{k: c[k] for k in ("dataset", "kind", "k", "strategy", "est_error")}
+                               for c in rows if abs(c["est_error"]) >= UNDER],
+            "memory": memory_goals(rows)}
 
 
-def print_table(cases: list[dict], baselines: list[dict]) -> None:
+def print_table(cases: list[dict], baselines: list[dict], memory_cases: list[dict]) -> None:
     base = {b["dataset"]: b for b in baselines}
-    print("| dataset | K | strategy | total inputs | x whole | split ms | epoch s | est MiB | "
-          "measured MiB | est err |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-    for b in baselines:
-        print(f"| {b['dataset']} | 1 | (whole batch) | {b['total_inputs']:,} | 1.00 | - | "
-              f"{b['epoch_s']:.2f} | {b['est_peak_bytes'] / 2**20:.1f} | "
-              f"{b['measured_peak_bytes'] / 2**20:.1f} | "
-              f"{100 * b['est_error']:+.2f} % |")
-    for c in cases:
+    print("| dataset | K | strategy | total inputs | x whole | split ms | epoch s | peak est MiB | "
+          "peak measured MiB | est err | total MiB | x saved-tensor sum |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for c in [dict(b, k=1, strategy="(whole batch)", split_s=None) for b in baselines] + cases:
+        split = "-" if c["split_s"] is None else f"{1e3 * c['split_s']:.1f}"
         print(f"| {c['dataset']} | {c['k']} | {c['strategy']} | {c['total_inputs']:,} | "
-              f"{c['total_inputs'] / base[c['dataset']]['total_inputs']:.2f} | {1e3 * c['split_s']:.1f} | "
+              f"{c['total_inputs'] / base[c['dataset']]['total_inputs']:.2f} | {split} | "
               f"{c['epoch_s']:.2f} | {c['est_peak_bytes'] / 2**20:.1f} | "
-              f"{c['measured_peak_bytes'] / 2**20:.1f} | "
-              f"{100 * c['est_error']:+.2f} % |")
+              f"{c['measured_peak_bytes'] / 2**20:.1f} | {100 * c['est_error']:+.2f} % | "
+              f"{c['measured_total_bytes'] / 2**20:.1f} | {c['total_over_saved']:.3f} |")
+    print()
+    print("| dataset | layer | K | largest inputs | peak est MiB | peak measured MiB | est err | "
+          "total MiB | total err | x saved-tensor sum |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for c in memory_cases:
+        print(f"| {c['dataset']} | {c['kind']} | {c['k']} | {c['largest_inputs']:,} | "
+              f"{c['est_peak_bytes'] / 2**20:.1f} | {c['measured_peak_bytes'] / 2**20:.1f} | "
+              f"{100 * c['est_error']:+.3f} % | {c['measured_total_bytes'] / 2**20:.1f} | "
+              f"{100 * c['est_total_error']:+.3f} % | {c['total_over_saved']:.3f} |")
+
+
+def print_hub_table(rows: list[dict]) -> None:
+    if not rows:
+        return
+    print()
+    print("| dataset | K | hub threshold | total inputs | split ms | REG ms | METIS entries | hubs left out |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for c in rows:
+        print(f"| {c['dataset']} | {c['k']} | {c['hub_threshold']} | {c['total_inputs']:,} | "
+              f"{1e3 * c['split_s']:.1f} | {1e3 * c['target_graph_s']:.1f} | {c['metis_entries']:,} | "
+              f"{c['hub_nodes_per_batch']} |")
 
 
 # ---------------------------------------------------------------------------- main
@@ -255,6 +480,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", help="comma-separated subset of amazon_photo,synthetic (default both; "
                    "quick: synthetic)")
     p.add_argument("--ks", default="2,4,8,16,32", help="numbers of micro-batches")
+    p.add_argument("--memory-kinds", default=",".join(LAYERS),
+                   help="layer types of the memory cases (comma-separated; empty: none)")
+    p.add_argument("--hub-ks", help="K of the hub-threshold cases (comma-separated; default 2,8,32, quick 8; "
+                   "empty: none)")
+    p.add_argument("--hub-thresholds", help="hub thresholds of those cases, 'none' = exact A^T A (default "
+                   "64,256,1024,none, quick 64,none)")
     p.add_argument("--batches", type=int, help="batches per case (default 3, quick 1)")
     p.add_argument("--batch-size", type=int, help="targets per batch (default 1024, quick 128)")
     p.add_argument("--synthetic-nodes", type=int, help="default 500,000 (quick 5,000)")
@@ -282,8 +513,20 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown dataset(s) {sorted(unknown)}; known: amazon_photo, synthetic", file=sys.stderr)
         return 2
+    hub_ks_arg = args.hub_ks if args.hub_ks is not None else ("8" if args.quick else "2,8,32")
+    hub_ks = [int(k) for k in hub_ks_arg.split(",") if k]
+    thresholds_arg = args.hub_thresholds or ("64,none" if args.quick else "64,256,1024,none")
+    thresholds = [None if h.strip().lower() == "none" else int(h) for h in thresholds_arg.split(",") if h]
+    if any(h is not None and h < 2 for h in thresholds):
+        print(f"hub thresholds must be at least 2 or 'none' (got {thresholds_arg})", file=sys.stderr)
+        return 2
+    kinds = [k for k in args.memory_kinds.split(",") if k]
+    if set(kinds) - set(LAYERS):
+        print(f"unknown layer type(s) {sorted(set(kinds) - set(LAYERS))}; known: {', '.join(LAYERS)}",
+              file=sys.stderr)
+        return 2
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    cases, baselines, datasets = [], [], {}
+    cases, baselines, memory_cases, hub_cases, datasets = [], [], [], [], {}
     for name in names:
         t0 = time.perf_counter()
         if name == "amazon_photo":
@@ -311,17 +554,27 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name} k={k} {strategy}: inputs {case['total_inputs']:,} "
                       f"split {case['split_s']:.3f}s epoch {case['epoch_s']:.2f}s "
                       f"est {case['est_error']:+.4f}", file=sys.stderr)
-    result = {"cases": cases, "baselines": baselines, "datasets": datasets, "goals": goals(cases),
+        memory_cases += run_memory(name, batches[0], ks, kinds, in_dim=in_dim, out_dim=out_dim, seed=args.seed)
+        hub_cases += run_hub_thresholds(name, batches, hub_ks, thresholds, seed=args.seed, repeats=repeats)
+    result = {"cases": cases, "baselines": baselines, "memory_cases": memory_cases,
+              "hub_threshold_cases": hub_cases, "hub_threshold_summary": hub_threshold_summary(hub_cases),
+              "datasets": datasets, "goals": goals(cases, baselines, memory_cases),
               "settings": {"quick": args.quick, "fanouts": list(FANOUTS), "model": "sage",
                            "num_layers": len(FANOUTS),
                            "hidden_dim": HIDDEN, "dropout": 0.0, "optimizer": "adam", "dtype": "float32",
+                           "memory_kinds": kinds, "gat_heads": GAT_HEADS, "rgcn_relations": RGCN_RELATIONS,
+                           "rgcn_bases": RGCN_BASES, "memory_strategy": "reg",
+                           "reg_hops": REG_HOPS, "hub_threshold": HUB_THRESHOLD,
+                           "hub_threshold_ks": hub_ks,
+                           "hub_thresholds": ["none" if h is None else h for h in thresholds],
                            "batches": num_batches, "batch_size": batch_size, "ks": ks, "repeats": repeats,
                            "threads": args.threads, "seed": args.seed},
               "machine": {"python": platform.python_version(), "torch": torch.__version__,
                           "cpu_count": os.cpu_count(), "platform": platform.platform()}}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
-    print_table(cases, baselines)
+    print_table(cases, baselines, memory_cases)
+    print_hub_table(hub_cases)
     return 0
 
 
