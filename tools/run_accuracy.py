@@ -109,7 +109,11 @@ NC_VARIANTS = {
 NC_VARIANT_SCRIPTS = {"dgl_fullbatch": "tools/reference_dgl.py"}  # others: the trainer
 NC_MAIN = ["minibatch", "megabatch", "megabatch_nocache", "disk", "dgl_fullbatch"]
 # Per-dataset hyper-parameters (every scheme and variant of the dataset). Amazon Photo's
-# features are binary with ~259 ones per row. Row-normalised (cora_sage.toml), they are so
+# features are binary with ~259 ones per row. The setting below was chosen on validation
+# accuracy only (tools/select_hparams.py: 12 points of lr x weight decay x hidden, the
+# in-memory reference, seeds 0-1; docs/benchmarks/hparams_amazon_photo.json). The earlier
+# one (lr 0.01) had been picked by looking at test accuracy, as this history does:
+# Row-normalised (cora_sage.toml), they are so
 # small that the input layer needs a high learning rate (0.02-0.05) to fit in the 200 Adam
 # steps the in-memory reference gets (one per epoch at batch 1000); at those rates the
 # megabatch scheme, many steps an epoch on class-skewed partition pairs, does not fit (seed 0,
@@ -121,7 +125,7 @@ NC_MAIN = ["minibatch", "megabatch", "megabatch_nocache", "disk", "dgl_fullbatch
 # epoch (megabatch ~8, the in-memory reference 1 at batch 1000) and, on 140 labels, overfit
 # past their best epoch (~15): their last-epoch test accuracy is 1.5 points under the
 # reference's, their best-validation epoch's within 0.5 (docs/benchmarks.md).
-NC_DATASET_FLAGS = {"amazon_photo": ["--lr", "0.01", "--weight-decay", "5e-5", "--hidden", "128", "--epochs", "200"]}
+NC_DATASET_FLAGS = {"amazon_photo": ["--lr", "0.02", "--weight-decay", "5e-5", "--hidden", "128", "--epochs", "200"]}
 
 WN_BASE = ["--config", "trainers/configs/wn18rr_distmult.toml"]  # DistMult d=400, 2048 uniform negatives, N3 0.1
 WN_EPOCHS = 15
