@@ -51,8 +51,8 @@ REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("bench_convert", REPO / "tools" / "bench_convert.py")
 bench_convert = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_convert)
-drop_caches, MemoryCap, run_measured, du = (bench_convert.drop_caches, bench_convert.MemoryCap,
-                                            bench_convert.run_measured, bench_convert.du)
+drop_caches, run_capped, run_measured, du = (bench_convert.drop_caches, bench_convert.run_capped,
+                                             bench_convert.run_measured, bench_convert.du)
 
 
 # ---------------------------------------------------------------------- disk references
@@ -236,12 +236,8 @@ def run_child(args, store_path: Path, epochs, *, prefetch: bool, compute: float,
     spec = {"store": str(store_path), "epochs": [[list(map(int, s)) for s in states] for states in epochs],
             "prefetch": prefetch, "compute_seconds": compute, "out": str(out), "verify": verify}
     drop_caches()
-    cap = MemoryCap(f"graphstore_bench_buffer_{os.getpid()}", cap_bytes)
-    try:
-        run = run_measured(cap.prefix() + [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)])
-        run.update(cap.stats())
-    finally:
-        cap.close()
+    run = run_capped([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)], cap_bytes,
+                     "graphstore_bench_buffer")
     if run["returncode"] != 0:
         raise RuntimeError(f"child failed (rc={run['returncode']}, cap {cap_bytes >> 20} MiB):\n{run['stderr']}")
     result = json.loads(out.read_text())

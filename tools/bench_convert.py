@@ -100,6 +100,18 @@ def run_measured(argv: list[str]) -> dict:
                 "stdout": out.read()[-2000:], "stderr": err.read()[-2000:]}
 
 
+def run_capped(argv: list[str], cap_bytes: int | None, name: str) -> dict:
+    """`run_measured` inside a `MemoryCap` of ``cap_bytes`` named ``name`` (removed after),
+    with its stats; ``cap_bytes`` None runs uncapped and reports the cap fields as None."""
+    if cap_bytes is None:
+        return dict(run_measured(argv), cap_bytes=None, cgroup_peak_bytes=None, cap_hits=None, oom_kills=None)
+    cap = MemoryCap(f"{name}_{os.getpid()}", cap_bytes)
+    try:
+        return dict(run_measured(cap.prefix() + argv), **cap.stats())
+    finally:
+        cap.close()
+
+
 def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 

@@ -1184,15 +1184,7 @@ class Bench:
         bc = self.bench_convert
         if self.iso["page_cache_dropped"]:
             bc.drop_caches()
-        if not (cap_bytes and self.iso["cap_enforced"]):
-            return dict(bc.run_measured(cmd), cgroup_peak_bytes=None, cap_hits=None, oom_kills=None)
-        group = bc.MemoryCap(f"graphstore_bench_outofcore_{os.getpid()}", cap_bytes)
-        try:
-            run = bc.run_measured(group.prefix() + cmd)
-            run.update(group.stats())
-        finally:
-            group.close()
-        return run
+        return bc.run_capped(cmd, cap_bytes if self.iso["cap_enforced"] else None, "graphstore_bench_outofcore")
 
     def dgl_sweep(self) -> dict[str, dict]:
         """dgl-memmap at each ``num_workers`` setting, every one under the same cap: when the

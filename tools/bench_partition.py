@@ -218,17 +218,7 @@ def run_case(spec: dict, cap_bytes: int | None, helpers, *, cold: bool) -> dict:
     if cold and os.geteuid() == 0:
         helpers.drop_caches()
     command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
-    if cap_bytes is None:
-        run = helpers.run_measured(command)
-        run.update(cap_bytes=None, cgroup_peak_bytes=None, cap_hits=None, oom_kills=None)
-        return run
-    cap = helpers.MemoryCap(f"graphstore_bench_partition_{os.getpid()}", cap_bytes)
-    try:
-        run = helpers.run_measured(cap.prefix() + command)
-        run.update(cap.stats())
-    finally:
-        cap.close()
-    return run
+    return helpers.run_capped(command, cap_bytes, "graphstore_bench_partition")
 
 
 def measure(case: str, method: str, description: dict, args, cap_bytes: int | None,
@@ -371,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(QUICK_SIZES if args.quick
                                                                            else FULL_SIZES)
-    helpers = _tool("bench_convert")  # drop_caches, MemoryCap, run_measured
+    helpers = _tool("bench_convert")  # drop_caches, run_capped
     root = os.geteuid() == 0
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     work = args.cache_dir / f"run-{os.getpid()}"

@@ -275,9 +275,11 @@ def test_a_missing_kernel_warns_once_at_the_default_level(module, monkeypatch, c
     import importlib
     import logging
 
+    import importlib.machinery
+
     mod = importlib.import_module(module)
     monkeypatch.setattr(mod, "_state", {})  # not loaded yet in this process
-    monkeypatch.setattr(mod.importlib.machinery, "EXTENSION_SUFFIXES", [".not-built.so"])
+    monkeypatch.setattr(importlib.machinery, "EXTENSION_SUFFIXES", [".not-built.so"])
     with caplog.at_level(logging.WARNING, logger=mod.__name__):
         assert mod.library() is None and mod.library() is None
     warnings = [r for r in caplog.records if r.name == mod.__name__ and r.levelno == logging.WARNING]

@@ -9,12 +9,13 @@ assembles with numpy instead (the same result, about 5x slower).
 from __future__ import annotations
 
 import ctypes
-import importlib.machinery
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from graphstore._native_lib import load_library
 
 __all__ = ["ABI_VERSION", "build_csc", "library", "load_error"]
 
@@ -50,21 +51,9 @@ _state: dict = {}
 
 
 def _load() -> tuple[ctypes.CDLL | None, str | None]:
-    here = Path(__file__).resolve().parent
-    path = next((here / f"_csc{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES
-                 if (here / f"_csc{suffix}").is_file()), None)
-    if path is None:
-        return None, ("graphstore/buffer/_native/_csc*.so was not built (no C compiler at install time?); "
-                      "reinstall with `pip install -e .` where a C compiler is available")
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as e:
-        return None, f"cannot load {path.name}: {e}"
-    lib.gs_csc_abi_version.restype = ctypes.c_int32
-    lib.gs_csc_abi_version.argtypes = []
-    if lib.gs_csc_abi_version() != ABI_VERSION:
-        return None, (f"{path.name} has ABI {lib.gs_csc_abi_version()}, expected {ABI_VERSION}: a stale build; "
-                      "reinstall with `pip install -e .`")
+    lib, error = load_library(Path(__file__).resolve().parent, "_csc", "gs_csc_abi_version", ABI_VERSION)
+    if lib is None:
+        return None, error
     lib.gs_csc_build.restype = ctypes.c_int
     lib.gs_csc_build.argtypes = [ctypes.POINTER(_Part), ctypes.c_int32, ctypes.c_int64,
                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import importlib.machinery
 import logging
 import threading
 import weakref
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from graphstore._native_lib import load_library
 from graphstore.errors import ConfigError
 
 __all__ = ["ABI_VERSION", "empty_int64", "library", "load_error", "sample_dense_native", "supports"]
@@ -56,30 +56,10 @@ class _Graph(ctypes.Structure):
 _state: dict = {}
 
 
-def _find() -> Path | None:
-    """Path of the built library next to this file, under any of this Python's suffixes."""
-    here = Path(__file__).resolve().parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"_dense{suffix}"
-        if path.is_file():
-            return path
-    return None
-
-
 def _load() -> tuple[ctypes.CDLL | None, str | None]:
-    path = _find()
-    if path is None:
-        return None, ("graphstore/sample/_native/_dense*.so was not built (no C compiler at install "
-                      "time?); reinstall with `pip install -e .` where a C compiler is available")
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as e:
-        return None, f"cannot load {path.name}: {e}"
-    lib.gs_abi_version.restype = ctypes.c_int32
-    lib.gs_abi_version.argtypes = []
-    if lib.gs_abi_version() != ABI_VERSION:
-        return None, (f"{path.name} has ABI {lib.gs_abi_version()}, expected {ABI_VERSION}: a stale build; "
-                      "reinstall with `pip install -e .`")
+    lib, error = load_library(Path(__file__).resolve().parent, "_dense", "gs_abi_version", ABI_VERSION)
+    if lib is None:
+        return None, error
     p64 = ctypes.POINTER(ctypes.c_int64)
     lib.gs_ctx_new.restype = ctypes.c_void_p
     lib.gs_ctx_new.argtypes = []
