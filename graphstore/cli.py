@@ -12,6 +12,7 @@ import sys
 import time
 
 from graphstore.errors import GraphStoreError
+from graphstore.units import parse_byte_size
 
 __all__ = ["main"]
 
@@ -27,21 +28,21 @@ def _positive_int(text: str) -> int:
 
 
 def _byte_size(text: str) -> int:
-    """``4194304``, ``4MiB``, ``512K``, ``1G`` -> bytes."""
-    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    t = text.strip().lower().removesuffix("b").removesuffix("i")
-    unit = t[-1] if t and t[-1] in units else ""
+    """`parse_byte_size` for argparse: its message in ``argument --x: <message>``."""
     try:
-        value = float(t[: len(t) - len(unit)]) * units[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 4MiB (got {text!r})") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive (got {text!r})")
-    return int(value)
+        return parse_byte_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%%")  # argparse %-formats help strings
 
 
 def _parser() -> argparse.ArgumentParser:
     from graphstore._version import __version__
+    from graphstore.layout.partition import PARTITIONERS
+    from graphstore.layout.sources import READERS
 
     parser = argparse.ArgumentParser(prog="graphstore", description="Out-of-core graph store for GNN training.")
     parser.add_argument("--version", action="version", version=f"graphstore {__version__}")
@@ -53,14 +54,15 @@ def _parser() -> argparse.ArgumentParser:
                                    "with --root) into a store at OUT.")
     c.add_argument("source")
     c.add_argument("out")
-    c.add_argument("--format", choices=["ogb", "planetoid", "npz", "kg", "edgelist"],
-                   help="source format (default: detected)")
+    c.add_argument("--format", choices=READERS.names(),
+                   help=_escape(f"source format (default: detected): {READERS.help_text()}"))
     size = c.add_mutually_exclusive_group()
     size.add_argument("--partitions", type=_positive_int, metavar="P", help="number of partitions")
     size.add_argument("--partition-bytes", type=_byte_size, metavar="B",
                       help="target bytes of features+edges per partition (default 4MiB)")
-    c.add_argument("--partitioner", choices=["metis", "random", "sequential", "stream"],
-                   help="default: metis, or stream for graphs too large for it (over 50M edges)")
+    c.add_argument("--partitioner", choices=PARTITIONERS.names(),
+                   help=_escape("default: metis, or stream for graphs too large for it (over 50M edges); "
+                                + PARTITIONERS.help_text()))
     c.add_argument("--seed", type=int, default=0, help="seeds the partitioner and generated splits")
     c.add_argument("--overwrite", action="store_true", help="replace OUT once the new store is complete")
     loops = c.add_mutually_exclusive_group()

@@ -5,6 +5,13 @@ training machinery without the trainer scripts: node and edge loaders that run a
 through the buffer and the samplers (`graphstore.loaders`), and the store's learnable
 embeddings. The loaders are imported when first asked for, so opening a store to inspect
 it does not import torch.
+
+Where a new read goes: `Store` is the format, and every read of a stored array lives there
+(verified, numpy, store ids). `Dataset` is the user-facing view: its methods compose
+`Store` reads (and the buffer and samplers) into loaders, tensors and splits for user code,
+and never touch Zarr or a chunk file themselves. A method that needs bytes the store does
+not yet expose gets a `Store` read first, then a `Dataset` method on top if users want it
+shaped differently.
 """
 
 from __future__ import annotations

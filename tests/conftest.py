@@ -90,15 +90,3 @@ def make_graph(
         raw["rel"] = rel
     return graph, raw
 
-
-def load_tool(name: str):
-    """``tools/<name>.py`` as a module (tools are scripts, not a package). Registered in
-    ``sys.modules`` before it runs: dataclasses resolve annotations through it."""
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module

@@ -67,6 +67,13 @@ def test_bad_usage_exits_2(tmp_path):
     run("frobnicate", check_code=2)
 
 
+@pytest.mark.parametrize(("value", "message"), [("lots", "expected a size like 512MiB (got 'lots')"),
+                                                 ("0KiB", "a size must be positive (got '0KiB')")])
+def test_a_bad_byte_size_names_the_option_and_the_problem(value, message):
+    proc = run("convert", "a", "b", "--partition-memory", value, check_code=2)
+    assert f"argument --partition-memory: {message}" in proc.stderr
+
+
 def test_partition_bytes_accepts_units(edge_list, tmp_path):
     out = tmp_path / "g.gs"
     run("convert", edge_list, out, "--partition-bytes", "2KiB", "--partitioner", "sequential")

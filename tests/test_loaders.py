@@ -57,9 +57,9 @@ def test_each_target_is_trained_as_often_as_the_scheme_says(store, scheme, times
     stats = loader.last_stats
     assert stats.bytes_read == stats.planned_bytes > 0
     if scheme == "megabatch":
-        assert loader.settings["capacity"] == 2 and loader.settings["static_cache_nodes"] == 4
+        assert loader.settings.capacity == 2 and loader.settings.static_cache_nodes == 4
     if scheme == "disk":
-        assert loader.settings["capacity"] == 4 and loader.settings["policy"] == "dispersed"
+        assert loader.settings.capacity == 4 and loader.settings.policy == "dispersed"
 
 
 def test_evaluation_sees_every_node_once_in_order_of_states(store):
@@ -85,7 +85,7 @@ def test_a_byte_budget_picks_the_capacity(store):
     need = footprint(store, plan.states).total
     loader = NodeLoader(store, split="train", fanouts=(2,), batch_size=64, scheme="disk", policy="dispersed",
                         buffer_bytes=need)
-    assert loader.settings["capacity"] >= 5 and loader.footprint.total <= need
+    assert loader.settings.capacity >= 5 and loader.footprint.total <= need
     with pytest.raises(ConfigError, match="below the"):
         NodeLoader(store, split="train", fanouts=(2,), batch_size=64, scheme="disk", policy="dispersed",
                    buffer_bytes=1000)
@@ -149,15 +149,15 @@ def test_edge_loader_trains_every_edge_once_with_resident_negatives(copy, scheme
     touched = np.unique(np.concatenate([src, dst]))
     assert (after[touched, 0] > before[touched, 0]).all()
     if scheme == "disk" and policy == "comet":
-        assert loader.settings["num_logical_partitions"] == 4  # MariusGNN: l = 2p/c = ceil(p / (c/2))
+        assert loader.settings.num_logical_partitions == 4  # MariusGNN: l = 2p/c = ceil(p / (c/2))
 
 
 def test_edge_loader_with_an_encoder_gives_a_dense_over_the_batch_nodes(store):
     loader = EdgeLoader(store, batch_size=32, negatives=3, scheme="minibatch", fanouts=(2, 2), seed=0)
     batch = next(iter(loader.epoch(0)))
     assert torch.equal(batch.dense.targets, batch.nodes)
-    assert torch.equal(batch.nodes[batch.index["src"]], batch.src)
-    assert torch.equal(batch.nodes[batch.index["neg"]], batch.negatives.nodes)
+    assert torch.equal(batch.nodes[batch.index.src], batch.src)
+    assert torch.equal(batch.nodes[batch.index.neg], batch.negatives.nodes)
 
 
 def test_bad_arguments(store):
@@ -173,7 +173,7 @@ def test_explicit_target_nodes(store):
     nodes = np.array([5, 17, 250, 399, 17])
     loader = NodeLoader(store, nodes=nodes, fanouts=(2,), batch_size=2, scheme="disk", shuffle=False)
     seen = sorted(t for b in loader.epoch(0) for t in b.store_ids[b.dense.node_id_offsets[-1]:].tolist())
-    assert seen == [5, 17, 250, 399] and loader.settings["split"] == "custom"
+    assert seen == [5, 17, 250, 399] and loader.settings.split == "custom"
     with pytest.raises(ConfigError, match="nodes must be store ids"):
         NodeLoader(store, nodes=[400], fanouts=(2,), batch_size=2)
 
@@ -245,7 +245,7 @@ def test_disk_link_prediction_runs_with_default_settings_for_any_p(tmp_path, p, 
         loader = EdgeLoader(store, batch_size=97, negatives=3, scheme="disk", capacity=capacity, seed=0)
         assert loader.policy == "comet"
         c = loader.capacity
-        assert loader.settings["num_logical_partitions"] == default_logical_partitions(p, c)
+        assert loader.settings.num_logical_partitions == default_logical_partitions(p, c)
         seen = _edges_seen(loader)
         src, dst = store.array("edges/src")[...], store.array("edges/dst")[...]
         assert seen == Counter(zip(src.tolist(), dst.tolist()))  # every edge once
@@ -260,14 +260,14 @@ def test_a_link_budget_down_to_two_logical_pairs_is_accepted(tmp_path):
         # The smallest plan COMET accepts: capacity 2, l = p (two single-partition groups).
         smallest = footprint(store, plan_epoch("comet", num_partitions=p, capacity=2).states).total
         loader = EdgeLoader(store, batch_size=64, negatives=2, scheme="disk", buffer_bytes=smallest)
-        assert loader.capacity == 2 and loader.settings["num_logical_partitions"] == p
+        assert loader.capacity == 2 and loader.settings.num_logical_partitions == p
         assert loader.footprint.total <= smallest
         assert sum(_edges_seen(loader).values()) == store.num_edges
         # A larger budget: the search varies l with c (l = ceil(p / floor(c/2))).
         whole = footprint(store, [tuple(range(p))]).total
         bigger = EdgeLoader(store, batch_size=64, negatives=2, scheme="disk", buffer_bytes=whole // 2)
         c = bigger.capacity
-        assert 2 < c < p and bigger.settings["num_logical_partitions"] == default_logical_partitions(p, c)
+        assert 2 < c < p and bigger.settings.num_logical_partitions == default_logical_partitions(p, c)
         with pytest.raises(ConfigError, match="below the"):
             EdgeLoader(store, batch_size=64, negatives=2, scheme="disk", buffer_bytes=smallest // 4)
 
@@ -283,7 +283,7 @@ def test_scattering_partitions_and_a_missing_hub_group_are_warned_about(tmp_path
         text = " ".join(str(w.message) for w in record)
         assert f"cut {cut:.1%} of the edges" in text and "--partitioner metis" in text
         assert "no hubs/ group" in text and f"graphstore hubs {store.path}" in text
-        assert loader.cache is None and loader.settings["static_cache_nodes"] == 0
+        assert loader.cache is None and loader.settings.static_cache_nodes == 0
         # The in-memory scheme loses nothing: no warning about the partitions.
         import warnings
         with warnings.catch_warnings():

@@ -35,59 +35,31 @@ Needs root (drop_caches, cgroups). Usage::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import mmap
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+try:
+    from tools import benchkit
+    from tools.benchkit import median_range
+except ImportError:  # run as a script: tools/ is on sys.path
+    import benchkit
+    from benchkit import median_range
+
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("bench_convert", REPO / "tools" / "bench_convert.py")
-bench_convert = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_convert)
-drop_caches, run_capped, run_measured, du = (bench_convert.drop_caches, bench_convert.run_capped,
-                                             bench_convert.run_measured, bench_convert.du)
 
 
 # ---------------------------------------------------------------------- disk references
 
 
-def dd_read(path: Path) -> dict:
-    """Cold sequential read of ``path`` with dd (direct IO, 4 MiB blocks)."""
-    drop_caches()
-    start = time.perf_counter()
-    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=4M", "iflag=direct"], check=True, capture_output=True)
-    seconds = time.perf_counter() - start
-    size = path.stat().st_size
-    return {"bytes": size, "seconds": seconds, "bytes_per_s": size / seconds}
-
-
-def dd_read_parallel(path: Path, streams: int = 4) -> dict:
-    """Cold read of ``path`` by ``streams`` concurrent dd processes (direct IO, 4 MiB blocks),
-    each a contiguous quarter: the disk at queue depth ``streams``, as the buffer reads it."""
-    drop_caches()
-    blocks = path.stat().st_size // (4 << 20)
-    share = -(-blocks // streams)
-    start = time.perf_counter()
-    procs = [subprocess.Popen(["dd", f"if={path}", "of=/dev/null", "bs=4M", "iflag=direct", f"skip={k * share}",
-                               f"count={share}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for k in range(streams)]
-    for proc in procs:
-        proc.wait()
-    seconds = time.perf_counter() - start
-    size = blocks * (4 << 20)
-    return {"bytes": size, "streams": streams, "seconds": seconds, "bytes_per_s": size / seconds}
-
-
 def direct_read_files(files: list[Path]) -> dict:
     """Cold O_DIRECT read of ``files`` one after another (dd's method without a process per file)."""
-    drop_caches()
+    benchkit.drop_caches()
     buf = mmap.mmap(-1, 8 << 20)  # page aligned, as O_DIRECT wants
     total, start = 0, time.perf_counter()
     for f in files:
@@ -138,7 +110,7 @@ def child(spec: dict) -> None:
     epoch's first state during its last one, as the loaders do."""
     import graphstore
     from graphstore.buffer import BufferManager, BufferMemory
-    from graphstore.buffer.memory import slots_needed
+    from graphstore.buffer.slots import slots_needed
 
     if not spec.get("verify", True):
         # The cost-of-verification baseline: the same reads, no checksum computed.
@@ -153,7 +125,7 @@ def child(spec: dict) -> None:
     need = max(slots_needed(states + (nxt[:1] if prefetch else []), prefetch=prefetch)
                for states, nxt in zip(epochs, epochs[1:] + [[]]))
     memory = BufferMemory.allocate(store, need)
-    io_before = _proc_io()
+    io_before = benchkit.proc_io()
     per_epoch = []
     start = time.perf_counter()
     for e, states in enumerate(epochs):
@@ -183,7 +155,7 @@ def child(spec: dict) -> None:
             "unverified_reads": s.unverified_reads,
         })
     wall = time.perf_counter() - start
-    io_after = _proc_io()
+    io_after = benchkit.proc_io()
     total = {key: sum(ep[key] for ep in per_epoch) for key in (
         "states", "partitions_loaded", "swaps", "buckets_read", "requests", "bytes_read", "planned_bytes",
         "read_seconds", "assemble_seconds", "stall_seconds", "consumer_wait_seconds", "chunks_verified",
@@ -195,14 +167,6 @@ def child(spec: dict) -> None:
         "disk_read_bytes": io_after.get("read_bytes", 0) - io_before.get("read_bytes", 0),
         "by_array": by_array,
     }))
-
-
-def _proc_io() -> dict:
-    """This process's /proc/self/io counters (``read_bytes``: bytes fetched from the device)."""
-    try:
-        return {k: int(v) for k, v in (line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())}
-    except OSError:
-        return {}
 
 
 def _time_reads_by_array() -> dict:
@@ -235,9 +199,7 @@ def run_child(args, store_path: Path, epochs, *, prefetch: bool, compute: float,
     out.unlink(missing_ok=True)
     spec = {"store": str(store_path), "epochs": [[list(map(int, s)) for s in states] for states in epochs],
             "prefetch": prefetch, "compute_seconds": compute, "out": str(out), "verify": verify}
-    drop_caches()
-    run = run_capped([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)], cap_bytes,
-                     "graphstore_bench_buffer")
+    run = benchkit.run_child(__file__, spec, cap_bytes=cap_bytes, name="graphstore_bench_buffer")
     if run["returncode"] != 0:
         raise RuntimeError(f"child failed (rc={run['returncode']}, cap {cap_bytes >> 20} MiB):\n{run['stderr']}")
     result = json.loads(out.read_text())
@@ -254,20 +216,21 @@ def build(args, num_nodes: int, partitions: int) -> tuple[Path, dict]:
     python = sys.executable
     dataset = args.dataset or args.workdir / f"synthetic_n{num_nodes}_d{args.feature_dim}"
     if not (dataset / "synthetic.json").exists():
-        gen = run_measured([python, str(REPO / "tools" / "make_synthetic.py"), "--out", str(dataset),
-                            "--kind", "node", "--layout", "npz", "--num-nodes", str(num_nodes),
-                            "--feature-dim", str(args.feature_dim), "--avg-degree", str(args.avg_degree),
-                            "--seed", "0", "--no-progress", "--overwrite"])
+        gen = benchkit.run_measured([python, str(REPO / "tools" / "make_synthetic.py"), "--out", str(dataset),
+                                     "--kind", "node", "--layout", "npz", "--num-nodes", str(num_nodes),
+                                     "--feature-dim", str(args.feature_dim), "--avg-degree", str(args.avg_degree),
+                                     "--seed", "0", "--no-progress", "--overwrite"])
         if gen["returncode"]:
             raise RuntimeError(gen["stderr"])
     store = args.workdir / f"store_n{num_nodes}_p{partitions}.gs"
     if not (store / ".bench_done").exists():  # a marker the converter does not write: complete builds only
-        conv = run_measured([python, "-m", "graphstore", "convert", str(dataset), str(store), "--partitioner",
-                             "random", "--partitions", str(partitions), "--seed", "0", "--overwrite"])
+        conv = benchkit.run_measured([python, "-m", "graphstore", "convert", str(dataset), str(store),
+                                      "--partitioner", "random", "--partitions", str(partitions), "--seed", "0",
+                                      "--overwrite"])
         if conv["returncode"]:
             raise RuntimeError(conv["stderr"])
         (store / ".bench_done").touch()
-    return store, {"path": str(store), "bytes_on_disk": du(store), "num_partitions": partitions}
+    return store, {"path": str(store), "bytes_on_disk": benchkit.du(store), "num_partitions": partitions}
 
 
 # ---------------------------------------------------------------------- verification cost
@@ -310,11 +273,7 @@ def verify_cost(args, load_path: Path, states, cap: int, repeats: int) -> dict:
 # ---------------------------------------------------------------------- main
 
 
-def median_range(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, help="write results here")
     ap.add_argument("--workdir", type=Path, default=Path("/work/bench_buffer"), help="dataset and stores (cached)")
@@ -336,77 +295,74 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child(json.loads(args.child))
-        return 0
+        return args
     if args.json is None:
         ap.error("--json is required")
-    if os.geteuid() != 0:
-        ap.error("needs root: it drops the page cache and creates a cgroup")
-    num_nodes = args.num_nodes or (1_000_000 if args.quick else 5_000_000)
+    benchkit.require_root(ap)
+    args.num_nodes = args.num_nodes or (1_000_000 if args.quick else 5_000_000)
     if args.dataset:
         meta = json.loads((args.dataset / "synthetic.json").read_text())
-        num_nodes = meta["num_nodes"]
-        args.avg_degree = 2 * meta["num_edges"] / num_nodes
-    cap = (args.cap_mib or (512 if args.quick else 1024)) << 20
-    repeats = args.repeats or (1 if args.quick else 3)
-    c = args.capacity
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(REPO))
-    import graphstore
-    from graphstore.buffer import plan_epoch
+        args.num_nodes = meta["num_nodes"]
+        args.avg_degree = 2 * meta["num_edges"] / args.num_nodes
+    args.cap = (args.cap_mib or (512 if args.quick else 1024)) << 20
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    return args
 
-    t0 = time.perf_counter()
-    load_path, load_info = build(args, num_nodes, args.load_partitions)
-    lp_path, lp_info = build(args, num_nodes, 16)
-    build_seconds = time.perf_counter() - t0
-    store = graphstore.open(load_path)
-    P = store.partition_size
-    row_bytes = args.feature_dim * 4 + 4
-    state_bytes = c * P * row_bytes
 
-    # A dd file the size of one state's rows, written once with direct IO.
-    dd_file = args.workdir / "dd_state.bin"
-    dd_mib = max(4, math.ceil(state_bytes / (4 << 20)) * 4)
-    if not dd_file.exists() or dd_file.stat().st_size != dd_mib << 20:
-        subprocess.run(["dd", "if=/dev/urandom", f"of={dd_file}", "bs=4M", f"count={dd_mib // 4}", "oflag=direct",
-                        "conv=fsync"], check=True, capture_output=True)
-    feature_files = sorted(f for f in (load_path / "nodes" / "features").rglob("*")
-                           if f.is_file() and f.name != "zarr.json")
+class Setup:
+    """The run's stores (built or reused), their sizes, the dd file of one state's size, and the
+    results' opening fields."""
 
-    results: dict = {
-        "command": " ".join([os.path.relpath(sys.executable, Path.cwd()) if sys.executable.startswith(str(Path.cwd()))
-                             else sys.executable] + sys.argv),
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
-                    "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
-        "quick": args.quick, "cap_bytes": cap, "build_seconds": build_seconds,
-        "stores": {"load": load_info, "link": lp_info},
-        "dataset": {"num_nodes": num_nodes, "feature_dim": args.feature_dim, "avg_degree": args.avg_degree,
-                    "num_edges": store.num_edges, "partitioner": "random"},
-        "store_vs_cap": load_info["bytes_on_disk"] / cap,
-    }
-    print(f"store {load_info['bytes_on_disk'] / 1e9:.2f} GB ({results['store_vs_cap']:.1f}x the {cap >> 20} MiB "
-          f"cap), p={args.load_partitions}, partition {P * row_bytes / 1e6:.1f} MB, state (c={c}) "
-          f"{state_bytes / 1e6:.0f} MB", flush=True)
+    def __init__(self, args) -> None:
+        import graphstore
 
-    # 1. disk
-    results["disk"] = {"features_file_set": direct_read_files(feature_files), "dd_file_bytes": dd_file.stat().st_size}
-    print(f"disk: O_DIRECT read of the {len(feature_files)} feature chunk files "
-          f"{results['disk']['features_file_set']['bytes_per_s'] / 1e9:.2f} GB/s", flush=True)
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        self.load_path, load_info = build(args, args.num_nodes, args.load_partitions)
+        self.lp_path, lp_info = build(args, args.num_nodes, 16)
+        build_seconds = time.perf_counter() - t0
+        self.store = graphstore.open(self.load_path)
+        P = self.store.partition_size
+        self.row_bytes = args.feature_dim * 4 + 4
+        state_bytes = args.capacity * P * self.row_bytes
+        # A dd file the size of one state's rows, written once with direct IO.
+        dd_mib = max(4, math.ceil(state_bytes / (4 << 20)) * 4)
+        self.dd_file = benchkit.ensure_dd_file(args.workdir / "dd_state.bin", dd_mib << 20)
+        self.feature_files = sorted(f for f in (self.load_path / "nodes" / "features").rglob("*")
+                                    if f.is_file() and f.name != "zarr.json")
+        cwd = str(Path.cwd())
+        python = os.path.relpath(sys.executable, Path.cwd()) if sys.executable.startswith(cwd) else sys.executable
+        self.results: dict = {
+            "command": " ".join([python] + sys.argv),
+            "machine": benchkit.machine_record("python", "cpus", "platform", "mem_total_bytes"),
+            "quick": args.quick, "cap_bytes": args.cap, "build_seconds": build_seconds,
+            "stores": {"load": load_info, "link": lp_info},
+            "dataset": {"num_nodes": args.num_nodes, "feature_dim": args.feature_dim, "avg_degree": args.avg_degree,
+                        "num_edges": self.store.num_edges, "partitioner": "random"},
+            "store_vs_cap": load_info["bytes_on_disk"] / args.cap,
+        }
+        print(f"store {load_info['bytes_on_disk'] / 1e9:.2f} GB ({self.results['store_vs_cap']:.1f}x the "
+              f"{args.cap >> 20} MiB cap), p={args.load_partitions}, partition {P * self.row_bytes / 1e6:.1f} MB, "
+              f"state (c={args.capacity}) {state_bytes / 1e6:.0f} MB", flush=True)
 
-    # 2. + 3. load bandwidth and prefetch on a hierbatching plan
-    plan = plan_epoch("hierbatching", num_partitions=args.load_partitions, capacity=c, epoch=0, seed=0)
-    if args.only_verify_cost:
-        results["verify_cost"] = verify_cost(args, load_path, plan.states, cap, repeats)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
-        print(f"wrote {args.json}; verification goal met: {results['verify_cost']['goal_met']}")
-        return 0
-    accounting = plan_bytes(store, plan.states)
+
+def measure_disk(setup: Setup) -> dict:
+    """Step 1: the store's feature chunk files read cold with O_DIRECT."""
+    disk = {"features_file_set": direct_read_files(setup.feature_files), "dd_file_bytes": setup.dd_file.stat().st_size}
+    print(f"disk: O_DIRECT read of the {len(setup.feature_files)} feature chunk files "
+          f"{disk['features_file_set']['bytes_per_s'] / 1e9:.2f} GB/s", flush=True)
+    return disk
+
+
+def measure_load_bandwidth(args, setup: Setup, plan) -> tuple[dict, list[dict]]:
+    """Step 2: load passes without prefetch or compute, each after dd's reference; and one under
+    a cap the store fits in. The summary and the runs."""
+    accounting = plan_bytes(setup.store, plan.states)
     bw_runs = []
-    for r in range(repeats):
-        dd = dd_read(dd_file)
-        dd4 = dd_read_parallel(dd_file)
-        run = run_child(args, load_path, [plan.states], prefetch=False, compute=0.0, cap_bytes=cap)
+    for r in range(args.repeats):
+        dd = benchkit.dd_read(setup.dd_file)
+        dd4 = benchkit.dd_read_parallel(setup.dd_file)
+        run = run_child(args, setup.load_path, [plan.states], prefetch=False, compute=0.0, cap_bytes=args.cap)
         run["dd_before"] = dd
         run["dd4_before"] = dd4
         run["vs_dd"] = run["read_bytes_per_s"] / dd["bytes_per_s"]
@@ -421,16 +377,16 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     # The same pass under a cap the store fits in: does the 1 GiB cap (page cache squeezed next to
     # ~800 MiB of process memory) cost bandwidth?
-    dd = dd_read(dd_file)
-    loose = run_child(args, load_path, [plan.states], prefetch=False, compute=0.0,
+    dd = benchkit.dd_read(setup.dd_file)
+    loose = run_child(args, setup.load_path, [plan.states], prefetch=False, compute=0.0,
                       cap_bytes=args.loose_cap_mib << 20)
     loose["dd_before"] = dd
     loose["vs_dd"] = loose["read_bytes_per_s"] / dd["bytes_per_s"]
     print(f"load, cap {args.loose_cap_mib} MiB: dd {dd['bytes_per_s'] / 1e9:.2f} GB/s, loads "
           f"{loose['read_bytes_per_s'] / 1e9:.2f} GB/s ({loose['vs_dd']:.2f}x)", flush=True)
     b0 = bw_runs[0]
-    results["load_bandwidth"] = {
-        "policy": "hierbatching", "num_partitions": args.load_partitions, "capacity": c,
+    lb = {
+        "policy": "hierbatching", "num_partitions": args.load_partitions, "capacity": args.capacity,
         "states": plan.num_states, **accounting,
         "bytes_read": b0["bytes_read"],
         "bytes_read_vs_planned": b0["bytes_read"] / accounting["planned_read_bytes"],
@@ -447,24 +403,28 @@ def main(argv: list[str] | None = None) -> int:
         "runs": bw_runs,
         "loose_cap_run": loose,
     }
-    lb = results["load_bandwidth"]
     lb["goal_bandwidth_met"] = lb["vs_dd"]["median"] >= 0.8
     lb["goal_bytes_met"] = abs(lb["bytes_read_vs_lower_bound"] - 1) <= 0.10
+    return lb, bw_runs
 
-    results["verify_cost"] = verify_cost(args, load_path, plan.states, cap, repeats)
 
-    # compute per state = one state's load time (read + assemble), the median over the runs
+def measure_prefetch(args, setup: Setup, plan, bw_runs: list[dict]) -> dict:
+    """Step 3: prefetch on and off, with compute per state = one state's load time (read +
+    assemble, the median over step 2's runs) times each factor."""
+    from graphstore.buffer import plan_epoch
+
+    c = args.capacity
     per_state_load = statistics.median((r["read_seconds"] + r["assemble_seconds"]) / r["states"] for r in bw_runs)
     factors = [float(f) for f in args.compute_factors.split(",")]
     pf_epochs = [plan_epoch("hierbatching", num_partitions=args.load_partitions, capacity=c, epoch=e, seed=0).states
                  for e in range(args.epochs)]
     pf_runs = []
-    for r in range(repeats):
+    for r in range(args.repeats):
         for factor in factors:
             for prefetch in (True, False):
-                dd = dd_read(dd_file)
-                run = run_child(args, load_path, pf_epochs, prefetch=prefetch, compute=factor * per_state_load,
-                                cap_bytes=cap)
+                dd = benchkit.dd_read(setup.dd_file)
+                run = run_child(args, setup.load_path, pf_epochs, prefetch=prefetch,
+                                compute=factor * per_state_load, cap_bytes=args.cap)
                 run["compute_factor"] = factor
                 run["dd_before"] = dd
                 run["stall_vs_read"] = run["stall_seconds"] / run["read_seconds"]
@@ -478,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"read; after state 0 {run['stall_after_first_vs_read']:.2f}x; epochs 1+ "
                       f"{run['stall_later_epochs_vs_read'] or 0:.2f}x), wall {run['wall_seconds']:.2f} s, "
                       f"cgroup peak {run['cgroup_peak_bytes'] >> 20} MiB", flush=True)
-    results["prefetch"] = {
+    pf = {
         "policy": "hierbatching", "num_partitions": args.load_partitions, "capacity": c, "states": plan.num_states,
         "compute_seconds_per_state": per_state_load,
         "compute": "time.sleep per state: factor x the median (read + assemble) seconds per state of measurement 2",
@@ -488,9 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     for factor in factors:
         for prefetch in (True, False):
-            key = f"compute_{factor}x_prefetch_{'on' if prefetch else 'off'}"
             mine = [r for r in pf_runs if r["prefetch"] == prefetch and r["compute_factor"] == factor]
-            results["prefetch"][key] = {
+            pf[f"compute_{factor}x_prefetch_{'on' if prefetch else 'off'}"] = {
                 "stall_vs_read": median_range([r["stall_vs_read"] for r in mine]),
                 "stall_after_first_vs_read": median_range([r["stall_after_first_vs_read"] for r in mine]),
                 "stall_later_epochs_vs_read": median_range([r["stall_later_epochs_vs_read"] or 0.0 for r in mine]),
@@ -499,17 +458,23 @@ def main(argv: list[str] | None = None) -> int:
                 "read_seconds": median_range([r["read_seconds"] for r in mine]),
                 "wall_seconds": median_range([r["wall_seconds"] for r in mine]),
             }
-    pf = results["prefetch"]
     on, off = pf[f"compute_{factors[0]}x_prefetch_on"], pf[f"compute_{factors[0]}x_prefetch_off"]
     pf["goal_met"] = on["stall_vs_read"]["median"] < 0.10 and off["stall_vs_read"]["median"] >= 0.10
     pf["goal_met_after_first_state"] = (on["stall_after_first_vs_read"]["median"] < 0.10
                                         and off["stall_after_first_vs_read"]["median"] >= 0.10)
     pf["epochs"] = args.epochs
+    return pf
 
-    # 4. COMET vs BETA at p=16, c=4
-    lp_store = graphstore.open(lp_path)
-    lp_state_bytes = c * lp_store.partition_size * row_bytes
-    lp_cap = max(cap, (512 << 20) + math.ceil(4 * lp_state_bytes / (64 << 20)) * (64 << 20))
+
+def measure_comet_vs_beta(args, setup: Setup) -> dict:
+    """Step 4: COMET and BETA at p=16, c=4: one load pass each, and five epochs' pure plans."""
+    import graphstore
+    from graphstore.buffer import plan_epoch
+
+    c = args.capacity
+    lp_store = graphstore.open(setup.lp_path)
+    lp_state_bytes = c * lp_store.partition_size * setup.row_bytes
+    lp_cap = max(args.cap, (512 << 20) + math.ceil(4 * lp_state_bytes / (64 << 20)) * (64 << 20))
     configs = [("beta", {}), ("comet", {})]
     lp = {"num_partitions": 16, "capacity": c, "cap_bytes": lp_cap,
           "cap_note": "a state is c/p = 1/4 of the store; the manager holds ~3 states of arrays, so 4 states' "
@@ -518,8 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, options in configs:
         lp_plan = plan_epoch(name, num_partitions=16, capacity=c, epoch=0, seed=0, **options)
         acc = plan_bytes(lp_store, lp_plan.states)
-        dd = dd_read(dd_file)
-        run = run_child(args, lp_path, [lp_plan.states], prefetch=True, compute=0.0, cap_bytes=lp_cap)
+        dd = benchkit.dd_read(setup.dd_file)
+        run = run_child(args, setup.lp_path, [lp_plan.states], prefetch=True, compute=0.0, cap_bytes=lp_cap)
         epochs = []
         for e in range(5):  # pure plans: how the counts vary over epochs (COMET regroups each epoch)
             pe = plan_epoch(name, num_partitions=16, capacity=c, epoch=e, seed=0, **options)
@@ -537,10 +502,33 @@ def main(argv: list[str] | None = None) -> int:
               f"{entry['bytes_read'] / 1e9:.2f} GB read ({entry['bytes_read_vs_store']:.2f}x the store, "
               f"{entry['bytes_read_vs_planned']:.3f}x planned, {entry['bytes_read_vs_lower_bound']:.3f}x lower bound), "
               f"{run['read_bytes_per_s'] / 1e9:.2f} GB/s (dd {dd['bytes_per_s'] / 1e9:.2f})", flush=True)
-    results["comet_vs_beta"] = lp
+    return lp
 
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        child(json.loads(args.child))
+        return 0
+    sys.path.insert(0, str(REPO))
+    from graphstore.buffer import plan_epoch
+
+    setup = Setup(args)
+    results = setup.results
+    results["disk"] = measure_disk(setup)
+    # 2. + 3. load bandwidth and prefetch on a hierbatching plan
+    plan = plan_epoch("hierbatching", num_partitions=args.load_partitions, capacity=args.capacity, epoch=0, seed=0)
+    if args.only_verify_cost:
+        results["verify_cost"] = verify_cost(args, setup.load_path, plan.states, args.cap, args.repeats)
+        benchkit.write_json(args.json, results, indent=2, final_newline=False)
+        print(f"wrote {args.json}; verification goal met: {results['verify_cost']['goal_met']}")
+        return 0
+    results["load_bandwidth"], bw_runs = measure_load_bandwidth(args, setup, plan)
+    results["verify_cost"] = verify_cost(args, setup.load_path, plan.states, args.cap, args.repeats)
+    results["prefetch"] = measure_prefetch(args, setup, plan, bw_runs)
+    results["comet_vs_beta"] = measure_comet_vs_beta(args, setup)
+    benchkit.write_json(args.json, results, indent=2, final_newline=False)
+    lb, pf = results["load_bandwidth"], results["prefetch"]
     print(f"wrote {args.json}; bandwidth goal met: {lb['goal_bandwidth_met']}, bytes goal met: "
           f"{lb['goal_bytes_met']}, prefetch goal met: {pf['goal_met']}, verification goal met: "
           f"{results['verify_cost']['goal_met']}")

@@ -26,40 +26,21 @@ Needs root (drop_caches, cgroups). Usage::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
-import platform
 import re
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+try:
+    from tools import benchkit
+    from tools.benchkit import median_range
+except ImportError:  # run as a script: tools/ is on sys.path
+    import benchkit
+    from benchkit import median_range
+
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("bench_convert", REPO / "tools" / "bench_convert.py")
-bench_convert = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_convert)
-drop_caches, MemoryCap, run_measured, du = (bench_convert.drop_caches, bench_convert.MemoryCap,
-                                            bench_convert.run_measured, bench_convert.du)
-
 DATASET = Path("/work/bench_convert/synthetic_n7340032_d128")
-
-
-# ---------------------------------------------------------------------- disk reference
-
-
-def dd_read(path: Path) -> dict:
-    """Cold ``dd iflag=direct bs=4M`` of ``path``; dd's own seconds (no process start-up)."""
-    drop_caches()
-    start = time.perf_counter()
-    run = subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=4M", "iflag=direct"], check=True,
-                         capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    match = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", run.stderr)
-    size, seconds = (int(match.group(1)), float(match.group(2))) if match else (path.stat().st_size, wall)
-    return {"bytes": size, "seconds": seconds, "wall_seconds": wall, "bytes_per_s": size / seconds}
 
 
 # ---------------------------------------------------------------------- the child
@@ -79,7 +60,7 @@ def child(spec: dict) -> None:
     outs = [aligned_empty((hi - lo, *arr.shape[1:]), arr.dtype) for lo, hi in ranges]
     for out in outs:  # fault the pages in now: the reads are timed, allocation is not
         out.fill(0)
-    io_before = _proc_io()
+    io_before = benchkit.proc_io()
     stats = None
     start = time.perf_counter()
     if system == "zarr":
@@ -96,7 +77,7 @@ def child(spec: dict) -> None:
             else:
                 stats = reader.read_into([(layout, lo, hi, out) for (lo, hi), out in zip(ranges, outs, strict=True)])
     seconds = time.perf_counter() - start
-    io_after = _proc_io()
+    io_after = benchkit.proc_io()
     if spec.get("check"):
         for (lo, hi), out in zip(ranges, outs, strict=True):
             if not np.array_equal(out, arr[lo:hi]):
@@ -109,24 +90,11 @@ def child(spec: dict) -> None:
     Path(spec["out"]).write_text(json.dumps(result))
 
 
-def _proc_io() -> dict:
-    try:
-        return {k: int(v) for k, v in (line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())}
-    except OSError:
-        return {}
-
-
 def run_child(args, spec: dict) -> dict:
     out = args.workdir / "child.json"
     out.unlink(missing_ok=True)
     spec = {**spec, "store": str(args.store), "out": str(out)}
-    drop_caches()
-    cap = MemoryCap(f"graphstore_bench_chunkio_{os.getpid()}", args.cap_mib << 20)
-    try:
-        run = run_measured(cap.prefix() + [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)])
-        run.update(cap.stats())
-    finally:
-        cap.close()
+    run = benchkit.run_child(__file__, spec, cap_bytes=args.cap_mib << 20, name="graphstore_bench_chunkio")
     if run["returncode"] != 0:
         raise RuntimeError(f"child failed (rc={run['returncode']}):\n{run['stderr']}")
     result = json.loads(out.read_text())
@@ -137,20 +105,16 @@ def run_child(args, spec: dict) -> dict:
 # ---------------------------------------------------------------------- main
 
 
-def median_range(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
-
-
 def build(args) -> None:
     if (args.store / "zarr.json").exists():
         return
-    conv = run_measured([sys.executable, "-m", "graphstore", "convert", str(args.dataset), str(args.store),
-                         "--partitioner", "sequential", "--partitions", "64"])
+    conv = benchkit.run_measured([sys.executable, "-m", "graphstore", "convert", str(args.dataset), str(args.store),
+                                  "--partitioner", "sequential", "--partitions", "64"])
     if conv["returncode"]:
         raise RuntimeError(conv["stderr"])
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, help="write results here")
     ap.add_argument("--workdir", type=Path, default=Path("/work/bench_chunkio"), help="dd file, child output")
@@ -167,53 +131,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child(json.loads(args.child))
-        return 0
+        return args
     if args.json is None:
         ap.error("--json is required")
-    if os.geteuid() != 0:
-        ap.error("needs root: it drops the page cache and creates a cgroup")
+    benchkit.require_root(ap)
     if args.quick:
         args.repeats, args.threads = 1, "1,4"
-    threads = [int(t) for t in args.threads.split(",")]
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(REPO))
-    import numpy as np
+    return args
 
-    import graphstore
 
-    build(args)
-    store = graphstore.open(args.store)
-    P, p, n = store.partition_size, store.num_partitions, store.num_nodes
-    feats = store.array("nodes/features")
-    k = args.read_partitions
-    read_bytes = k * P * feats.shape[1] * feats.dtype.itemsize
-    dd_file = args.workdir / f"dd_{read_bytes >> 20}MiB.bin"
-    if not dd_file.exists() or dd_file.stat().st_size != read_bytes:
-        subprocess.run(["dd", "if=/dev/urandom", f"of={dd_file}", "bs=1M", f"count={read_bytes >> 20}",
-                        "oflag=direct", "conv=fsync"], check=True, capture_output=True)
-    groups = p // k
-    rng = np.random.default_rng(0)
-    offsets = store.bucket_offsets
-    bucket_sets = []
-    for _ in range(args.bucket_states):
-        parts = sorted(rng.choice(p, size=k, replace=False).tolist())
-        bucket_sets.append([(int(offsets[j * p + i]), int(offsets[j * p + i + 1])) for j in parts for i in parts])
-    results: dict = {
-        "command": " ".join(["python"] + sys.argv),
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
-                    "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-                    "read_ahead_kb": _sysfs_int("/sys/block/vda/queue/read_ahead_kb")},
-        "cap_bytes": args.cap_mib << 20,
-        "store": {"path": str(args.store), "bytes_on_disk": du(args.store), "num_nodes": n, "num_partitions": p,
-                  "partition_size": P, "feature_chunk_rows": feats.chunks[0],
-                  "feature_chunk_bytes": feats.chunks[0] * feats.shape[1] * feats.dtype.itemsize,
-                  "edge_chunk_rows": store.array("edges/src").chunks[0], "num_edges": store.num_edges},
-        "read_partitions": k, "read_bytes": read_bytes, "repeats": args.repeats,
-    }
-    print(f"store {results['store']['bytes_on_disk'] / 1e9:.2f} GB, cap {args.cap_mib} MiB, reads of {k} partitions "
-          f"= {read_bytes / 1e6:.0f} MB", flush=True)
-
+def variants(args, threads: list[int]) -> tuple[list[tuple], list[tuple]]:
+    """The row variants ``(name, system, reader options)`` and the bucket variants ``(name,
+    system, reader options, one range per call)``, filtered by ``--only``."""
     piece = int(args.piece_mib * (1 << 20))
     row_variants = [("zarr", "zarr", {}), ("reader_default", "reader", {})]
     for direct in (True, False):
@@ -229,15 +158,35 @@ def main(argv: list[str] | None = None) -> int:
             bucket_variants.append((f"reader_{'direct' if partial_direct else 'buffered'}_t{t}", "reader",
                                     {"threads": t, "direct": True, "partial_direct": partial_direct}, False))
     bucket_variants.append(("reader_default_one_by_one", "reader", {}, True))
-
     if args.only:
         row_variants = [v for v in row_variants if re.search(args.only, f"rows {v[0]}")]
         bucket_variants = [v for v in bucket_variants if re.search(args.only, f"buckets {v[0]}")]
+    return row_variants, bucket_variants
+
+
+def random_bucket_sets(store, k: int, states: int) -> list[list[tuple[int, int]]]:
+    """``states`` random groups of ``k`` partitions, each as the edge ranges of its k x k buckets."""
+    import numpy as np
+
+    p, offsets = store.num_partitions, store.bucket_offsets
+    rng = np.random.default_rng(0)
+    bucket_sets = []
+    for _ in range(states):
+        parts = sorted(rng.choice(p, size=k, replace=False).tolist())
+        bucket_sets.append([(int(offsets[j * p + i]), int(offsets[j * p + i + 1])) for j in parts for i in parts])
+    return bucket_sets
+
+
+def run_repeats(args, store, dd_file: Path, bucket_sets, row_variants, bucket_variants) -> tuple[dict, dict, list]:
+    """Every variant once per repeat, after dd's reference: the runs per row and bucket
+    variant, and dd's runs."""
+    P, n, k = store.partition_size, store.num_nodes, args.read_partitions
+    groups = store.num_partitions // k
     rows: dict = {name: [] for name, *_ in row_variants}
     buckets: dict = {name: [] for name, *_ in bucket_variants}
     dds, turn = [], 0
     for r in range(args.repeats):
-        dd = dd_read(dd_file)
+        dd = benchkit.dd_read(dd_file, dd_seconds=True)
         dds.append(dd)
         print(f"repeat {r}: dd {dd['bytes_per_s'] / 1e9:.2f} GB/s", flush=True)
         for name, system, options in row_variants:
@@ -260,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  buckets {name:34s} {res['bytes_per_s'] / 1e9:5.2f} GB/s ({res['vs_dd']:.2f}x dd) "
                   f"{res['seconds'] * 1e3:7.1f} ms for {res['requests']} ranges, "
                   f"{res['bytes'] / 1e6:.1f} MB, device read {res['disk_read_bytes'] / 1e6:.1f} MB", flush=True)
+    return rows, buckets, dds
+
+
+def summarise(results: dict, rows: dict, buckets: dict, dds: list) -> None:
+    """dd's, each row variant's and each bucket variant's medians into ``results``."""
     results["dd"] = {"bytes_per_s": median_range([d["bytes_per_s"] for d in dds]), "runs": dds}
     results["rows"] = {name: {"bytes_per_s": median_range([x["bytes_per_s"] for x in runs]),
                               "vs_dd": median_range([x["vs_dd"] for x in runs]), "runs": runs}
@@ -268,27 +222,59 @@ def main(argv: list[str] | None = None) -> int:
                                  "bytes_per_s": median_range([x["bytes_per_s"] for x in runs]),
                                  "vs_dd": median_range([x["vs_dd"] for x in runs]), "runs": runs}
                           for name, runs in buckets.items()}
-    if bucket_variants:
+    if buckets:
         first = next(iter(buckets.values()))[0]
         results["bucket_reads"] = {"ranges": first["requests"], "bytes": first["bytes"],
                                    "mean_edges": first["bytes"] / first["requests"] / 4}
+
+
+def print_medians(results: dict) -> None:
     print("\nmedians (vs dd):")
     for name, row in results["rows"].items():
         print(f"  rows    {name:34s} {row['bytes_per_s']['median'] / 1e9:5.2f} GB/s  {row['vs_dd']['median']:.2f}x "
               f"[{row['vs_dd']['min']:.2f}, {row['vs_dd']['max']:.2f}]")
     for name, row in results["buckets"].items():
         print(f"  buckets {name:34s} {row['seconds']['median'] * 1e3:7.1f} ms  {row['vs_dd']['median']:.2f}x dd")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        child(json.loads(args.child))
+        return 0
+    threads = [int(t) for t in args.threads.split(",")]
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(REPO))
+    import graphstore
+
+    build(args)
+    store = graphstore.open(args.store)
+    P, p, n = store.partition_size, store.num_partitions, store.num_nodes
+    feats = store.array("nodes/features")
+    k = args.read_partitions
+    read_bytes = k * P * feats.shape[1] * feats.dtype.itemsize
+    dd_file = benchkit.ensure_dd_file(args.workdir / f"dd_{read_bytes >> 20}MiB.bin", read_bytes, block_bytes=1 << 20)
+    bucket_sets = random_bucket_sets(store, k, args.bucket_states)
+    results: dict = {
+        "command": " ".join(["python"] + sys.argv),
+        "machine": benchkit.machine_record("python", "cpus", "platform", "mem_total_bytes",
+                                           read_ahead_kb=benchkit.sysfs_int("/sys/block/vda/queue/read_ahead_kb")),
+        "cap_bytes": args.cap_mib << 20,
+        "store": {"path": str(args.store), "bytes_on_disk": benchkit.du(args.store), "num_nodes": n,
+                  "num_partitions": p, "partition_size": P, "feature_chunk_rows": feats.chunks[0],
+                  "feature_chunk_bytes": feats.chunks[0] * feats.shape[1] * feats.dtype.itemsize,
+                  "edge_chunk_rows": store.array("edges/src").chunks[0], "num_edges": store.num_edges},
+        "read_partitions": k, "read_bytes": read_bytes, "repeats": args.repeats,
+    }
+    print(f"store {results['store']['bytes_on_disk'] / 1e9:.2f} GB, cap {args.cap_mib} MiB, reads of {k} partitions "
+          f"= {read_bytes / 1e6:.0f} MB", flush=True)
+    row_variants, bucket_variants = variants(args, threads)
+    rows, buckets, dds = run_repeats(args, store, dd_file, bucket_sets, row_variants, bucket_variants)
+    summarise(results, rows, buckets, dds)
+    print_medians(results)
+    benchkit.write_json(args.json, results, indent=2, final_newline=False)
     print(f"wrote {args.json}")
     return 0
-
-
-def _sysfs_int(path: str) -> int | None:
-    try:
-        return int(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 if __name__ == "__main__":

@@ -23,100 +23,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+try:
+    from tools import benchkit
+except ImportError:  # run as a script: tools/ is on sys.path
+    import benchkit
+
 REPO = Path(__file__).resolve().parents[1]
-CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 
 
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=True)
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
-
-
-def dd_bandwidth(path: Path, size_mib: int) -> dict:
-    """Sequential write then cold read of ``size_mib`` MiB with direct IO, in bytes/s."""
-    start = time.perf_counter()
-    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=4M", f"count={size_mib // 4}",
-                    "oflag=direct", "conv=fsync"], check=True, capture_output=True)
-    write_s = time.perf_counter() - start
-    drop_caches()
-    start = time.perf_counter()
-    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=4M", "iflag=direct"],
-                   check=True, capture_output=True)
-    read_s = time.perf_counter() - start
-    path.unlink()
-    size = size_mib // 4 * 4 << 20
-    return {"bytes": size, "write_bytes_per_s": size / write_s, "read_bytes_per_s": size / read_s}
-
-
-class MemoryCap:
-    """A cgroup v1 memory group capped at ``limit_bytes``; processes join via `prefix`."""
-
-    def __init__(self, name: str, limit_bytes: int) -> None:
-        self.path = CGROUP_ROOT / name
-        if self.path.exists():
-            self.path.rmdir()
-        self.path.mkdir()
-        (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
-        self.limit_bytes = limit_bytes
-
-    def prefix(self) -> list[str]:
-        # The shell joins the group, then execs the command: every byte it maps is charged.
-        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "capped"]
-
-    def stats(self) -> dict:
-        read = lambda name: int((self.path / name).read_text().split()[0])  # noqa: E731
-        oom = dict(line.split() for line in (self.path / "memory.oom_control").read_text().splitlines())
-        return {"cap_bytes": self.limit_bytes, "cgroup_peak_bytes": read("memory.max_usage_in_bytes"),
-                "cap_hits": read("memory.failcnt"), "oom_kills": int(oom.get("oom_kill", 0))}
-
-    def close(self) -> None:
-        try:
-            self.path.rmdir()
-        except OSError:
-            pass
-
-
-def run_measured(argv: list[str]) -> dict:
-    """Run a child; wall time, exit code and its own peak RSS (wait4's rusage)."""
-    import tempfile
-
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        return {"seconds": seconds, "returncode": proc.returncode, "peak_rss_bytes": usage.ru_maxrss * 1024,
-                "stdout": out.read()[-2000:], "stderr": err.read()[-2000:]}
-
-
-def run_capped(argv: list[str], cap_bytes: int | None, name: str) -> dict:
-    """`run_measured` inside a `MemoryCap` of ``cap_bytes`` named ``name`` (removed after),
-    with its stats; ``cap_bytes`` None runs uncapped and reports the cap fields as None."""
-    if cap_bytes is None:
-        return dict(run_measured(argv), cap_bytes=None, cgroup_peak_bytes=None, cap_hits=None, oom_kills=None)
-    cap = MemoryCap(f"{name}_{os.getpid()}", cap_bytes)
-    try:
-        return dict(run_measured(cap.prefix() + argv), **cap.stats())
-    finally:
-        cap.close()
-
-
-def du(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True, type=Path, help="write results here")
     ap.add_argument("--workdir", type=Path, default=Path("/work/bench_convert"),
@@ -131,85 +51,102 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.cap_mib, args.feature_gib = 384, 1.2
-    if os.geteuid() != 0:
-        ap.error("needs root: it drops the page cache and creates a cgroup")
+    benchkit.require_root(ap)
+    return args
 
+
+def ensure_dataset(args, num_nodes: int) -> tuple[Path, dict | None]:
+    """The synthetic dataset in ``args.workdir`` and its generator's run (None when it was
+    already there: its ``synthetic.json`` marks a complete one)."""
+    dataset = args.workdir / f"synthetic_n{num_nodes}_d{args.feature_dim}"
+    if (dataset / "synthetic.json").exists():
+        return dataset, None
+    shutil.rmtree(dataset, ignore_errors=True)
+    gen = benchkit.run_measured([sys.executable, str(REPO / "tools" / "make_synthetic.py"), "--out", str(dataset),
+                                 "--kind", "node", "--layout", "npz", "--num-nodes", str(num_nodes),
+                                 "--feature-dim", str(args.feature_dim), "--avg-degree", str(args.avg_degree),
+                                 "--seed", "0", "--no-progress"])
+    return dataset, gen
+
+
+def convert_once(dataset: Path, out: Path, method: str, cap_bytes: int | None, *, feature_bytes: int,
+                 disk: dict) -> dict:
+    """One cold conversion by ``method`` (under ``cap_bytes`` unless None), with the store's
+    figures and throughputs when it succeeded."""
+    shutil.rmtree(out, ignore_errors=True)
+    benchkit.drop_caches()
     python = sys.executable
+    command = [python, "-m", "graphstore", "convert", str(dataset), str(out), "--partitioner", method,
+               "--overwrite"]
+    run = benchkit.run_capped(command, cap_bytes, "graphstore_bench")
+    run["partitioner"] = method
+    run["capped"] = cap_bytes is not None
+    if run["returncode"] == 0:
+        info = json.loads(subprocess.run([python, "-m", "graphstore", "info", str(out), "--json"],
+                                         capture_output=True, text=True, check=True).stdout)
+        run.update(store_bytes=info["bytes_on_disk"], num_partitions=info["num_partitions"],
+                   num_edges=info["num_edges"], edge_cut=info["edge_cut"],
+                   phase_seconds=info["conversion"]["seconds"])
+        run["feature_bytes_per_s"] = feature_bytes / run["seconds"]
+        run["store_bytes_per_s"] = run["store_bytes"] / run["seconds"]
+        run["feature_throughput_vs_disk_write"] = run["feature_bytes_per_s"] / disk["write_bytes_per_s"]
+        run["peak_rss_vs_features"] = run["peak_rss_bytes"] / feature_bytes
+    shutil.rmtree(out, ignore_errors=True)
+    return run
+
+
+def print_run(run: dict) -> None:
+    method = run["partitioner"]
+    cgroup = f"cgroup peak {run['cgroup_peak_bytes'] / 2**20:.0f} MiB" if run["capped"] else "no cap"
+    print(f"{method:10s} rc={run['returncode']} {run['seconds']:.1f} s, peak RSS "
+          f"{run['peak_rss_bytes'] / 2**20:.0f} MiB, {cgroup}, "
+          + (f"features {run['feature_bytes_per_s'] / 1e6:.0f} MB/s "
+             f"({run['feature_throughput_vs_disk_write']:.2f}x disk write), edge cut {run['edge_cut']:.1%}"
+             if run["returncode"] == 0 else run["stderr"][-300:]), flush=True)
+
+
+def add_time_vs_uncapped(runs: list[dict]) -> None:
+    """Each finished capped run's time over the uncapped ``random`` run's (the in-memory reference)."""
+    reference = next((r for r in runs if not r["capped"] and r["returncode"] == 0), None)
+    if reference:
+        for r in runs:
+            if r["capped"] and r["returncode"] == 0:
+                r["time_vs_uncapped_random"] = r["seconds"] / reference["seconds"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     row_bytes = args.feature_dim * 4
     num_nodes = int(args.feature_gib * (1 << 30) / row_bytes)
+    feature_bytes = num_nodes * row_bytes
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
-    dataset = work / f"synthetic_n{num_nodes}_d{args.feature_dim}"
-    marker = dataset / "synthetic.json"
-    gen = None
-    if not marker.exists():
-        shutil.rmtree(dataset, ignore_errors=True)
-        gen = run_measured([python, str(REPO / "tools" / "make_synthetic.py"), "--out", str(dataset),
-                            "--kind", "node", "--layout", "npz", "--num-nodes", str(num_nodes),
-                            "--feature-dim", str(args.feature_dim), "--avg-degree", str(args.avg_degree),
-                            "--seed", "0", "--no-progress"])
-        if gen["returncode"]:
-            print(gen["stderr"], file=sys.stderr)
-            return 1
-    meta = json.loads(marker.read_text())
+    dataset, gen = ensure_dataset(args, num_nodes)
+    if gen and gen["returncode"]:
+        print(gen["stderr"], file=sys.stderr)
+        return 1
+    meta = json.loads((dataset / "synthetic.json").read_text())
 
-    disk = dd_bandwidth(work / "dd.bin", 2048 if not args.quick else 512)
-    results = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                           "platform": platform.platform()},
+    disk = benchkit.dd_bandwidth(work / "dd.bin", 2048 if not args.quick else 512)
+    results = {"machine": benchkit.machine_record("python", "cpus", "platform"),
                "dataset": {"path": str(dataset), "num_nodes": num_nodes, "feature_dim": args.feature_dim,
-                           "feature_bytes": num_nodes * row_bytes, "source_bytes": du(dataset / "raw"),
+                           "feature_bytes": feature_bytes, "source_bytes": benchkit.du(dataset / "raw"),
                            "generator": meta, "generate_seconds": gen and gen["seconds"]},
                "disk": disk, "cap_bytes": args.cap_mib << 20, "runs": []}
-    feature_bytes = num_nodes * row_bytes
     print(f"dataset {dataset.name}: features {feature_bytes / 2**30:.2f} GiB, cap {args.cap_mib} MiB "
           f"({feature_bytes / (args.cap_mib << 20):.1f}x); disk write "
           f"{disk['write_bytes_per_s'] / 1e9:.2f} GB/s, read {disk['read_bytes_per_s'] / 1e9:.2f} GB/s", flush=True)
     # Each partitioner under the cap; then `random` again without it, the in-memory reference.
     plan = [(m, True) for m in args.partitioners.split(",")] + [("random", False)]
     for method, capped in plan:
-        out = work / f"{method}.gs"
-        shutil.rmtree(out, ignore_errors=True)
-        drop_caches()
-        command = [python, "-m", "graphstore", "convert", str(dataset), str(out), "--partitioner", method,
-                   "--overwrite"]
-        if capped:
-            cap = MemoryCap(f"graphstore_bench_{os.getpid()}", args.cap_mib << 20)
-            try:
-                run = run_measured(cap.prefix() + command)
-                run.update(cap.stats())
-            finally:
-                cap.close()
-        else:
-            run = run_measured(command)
-            run.update(cap_bytes=None, cgroup_peak_bytes=None, cap_hits=None, oom_kills=None)
-        run["partitioner"] = method
-        run["capped"] = capped
-        if run["returncode"] == 0:
-            info = json.loads(subprocess.run([python, "-m", "graphstore", "info", str(out), "--json"],
-                                             capture_output=True, text=True, check=True).stdout)
-            run.update(store_bytes=info["bytes_on_disk"], num_partitions=info["num_partitions"],
-                       num_edges=info["num_edges"], edge_cut=info["edge_cut"],
-                       phase_seconds=info["conversion"]["seconds"])
-            run["feature_bytes_per_s"] = feature_bytes / run["seconds"]
-            run["store_bytes_per_s"] = run["store_bytes"] / run["seconds"]
-            run["feature_throughput_vs_disk_write"] = run["feature_bytes_per_s"] / disk["write_bytes_per_s"]
-            run["peak_rss_vs_features"] = run["peak_rss_bytes"] / feature_bytes
+        run = convert_once(dataset, work / f"{method}.gs", method, args.cap_mib << 20 if capped else None,
+                           feature_bytes=feature_bytes, disk=disk)
         results["runs"].append(run)
-        cgroup = f"cgroup peak {run['cgroup_peak_bytes'] / 2**20:.0f} MiB" if capped else "no cap"
-        print(f"{method:10s} rc={run['returncode']} {run['seconds']:.1f} s, peak RSS "
-              f"{run['peak_rss_bytes'] / 2**20:.0f} MiB, {cgroup}, "
-              + (f"features {run['feature_bytes_per_s'] / 1e6:.0f} MB/s "
-                 f"({run['feature_throughput_vs_disk_write']:.2f}x disk write), edge cut {run['edge_cut']:.1%}"
-                 if run["returncode"] == 0 else run["stderr"][-300:]), flush=True)
-        shutil.rmtree(out, ignore_errors=True)
+        print_run(run)
     if not args.keep:
         shutil.rmtree(dataset, ignore_errors=True)
-    reference = next((r for r in results["runs"] if not r["capped"] and r["returncode"] == 0), None)
-    if reference:
-        for r in results["runs"]:
-            if r["capped"] and r["returncode"] == 0:
-                r["time_vs_uncapped_random"] = r["seconds"] / reference["seconds"]
-    args.json.write_text(json.dumps(results, indent=2))
+    add_time_vs_uncapped(results["runs"])
+    benchkit.write_json(args.json, results, indent=2, final_newline=False)
     return 0 if all(r["returncode"] == 0 for r in results["runs"]) else 1
 
 

@@ -69,7 +69,7 @@ What it does, per dataset:
   the default's equals the ``reg`` case's), ``split_s`` (`split_dense` with that
   threshold, the fastest of ``--repeats`` per batch, mean over the batches),
   ``target_graph_s`` (the REG alone, timed the same way), ``metis_entries`` (entries of the
-  target graph METIS receives, both directions: the length of ``_target_graph``'s output,
+  target graph METIS receives, both directions: the length of ``_reg_edges``'s output,
   mean over the batches), and per batch ``hub_nodes_per_batch`` (nodes left out, shared by
   more targets than the threshold) and ``max_shared_per_batch`` (the most targets sharing
   one node). ``hub_threshold_summary`` gives, per dataset and K, the default against exact
@@ -88,10 +88,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
-import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -113,7 +109,14 @@ from graphstore.nn import (
     micro_batch_backward,
 )
 from graphstore.sample import Batch, CSCGraph, sample_dense, split_dense, total_inputs
-from graphstore.sample.microbatch import DEFAULT_HUB_THRESHOLD, _closures, _target_graph
+from graphstore.sample.microbatch import DEFAULT_HUB_THRESHOLD, _closures, _reg_edges
+
+try:
+    from tools import benchkit
+    from tools.bench_sampling import chung_lu
+except ImportError:  # run as a script: tools/ is on sys.path
+    import benchkit
+    from bench_sampling import chung_lu
 
 STRATEGIES = ("reg", "metis", "random", "range")
 FANOUTS = (10, 10, 10)
@@ -126,14 +129,6 @@ UNDER = 0.05  # the estimator's error goal against the allocator's peak
 REG_HOPS = 1
 HUB_THRESHOLD = DEFAULT_HUB_THRESHOLD
 AMAZON_SOURCE = REPO.parent / "shared" / "data" / "amazon_photo" / "amazon-photo.zip"
-
-
-def _bench_sampling():
-    # tools/ is not a package: load the Chung-Lu generator from its file rather than copy it.
-    spec = importlib.util.spec_from_file_location("bench_sampling", REPO / "tools" / "bench_sampling.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---------------------------------------------------------------------------- datasets
@@ -161,7 +156,7 @@ def load_amazon(work_dir: Path, source: Path) -> tuple[CSCGraph, torch.Tensor, t
 def load_synthetic(num_nodes: int, num_edges: int, *, feature_dim: int, num_classes: int,
                    seed: int) -> tuple[CSCGraph, torch.Tensor, torch.Tensor, dict]:
     """A Chung-Lu graph (power law 2.5, expected degree capped at 2,000) with random data."""
-    src, dst = _bench_sampling().chung_lu(num_nodes, num_edges, gamma=2.5, max_degree=2000.0, seed=seed)
+    src, dst = chung_lu(num_nodes, num_edges, gamma=2.5, max_degree=2000.0, seed=seed)
     graph = CSCGraph.from_edges(torch.from_numpy(src), torch.from_numpy(dst), num_nodes, out_edges=False)
     gen = torch.Generator().manual_seed(seed)
     features = torch.randn(num_nodes, feature_dim, generator=gen)
@@ -344,7 +339,7 @@ def run_hub_thresholds(name: str, batches: list[Batch], ks: list[int], threshold
                 value = dense.num_targets + 1 if threshold is None else threshold
                 split_s, parts = _fastest(functools.partial(split_dense, dense, kk, strategy="reg", seed=seed + b,
                                                             reg_hops=REG_HOPS, hub_threshold=value), repeats)
-                graph_s, (src, _, _) = _fastest(functools.partial(_target_graph, dense, "reg", REG_HOPS, value),
+                graph_s, (src, _, _) = _fastest(functools.partial(_reg_edges, dense, REG_HOPS, value),
                                                 repeats)
                 inputs.append(total_inputs(parts))
                 split.append(split_s)
@@ -498,81 +493,97 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def resolve_options(args) -> str | None:
+    """Fill in the defaults that depend on ``--quick`` and parse the lists; a usage error's
+    message, or None."""
+    args.num_batches = args.batches or (1 if args.quick else 3)
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    args.batch_size = args.batch_size or (128 if args.quick else 1024)
+    args.synthetic_nodes = args.synthetic_nodes or (5_000 if args.quick else 500_000)
+    args.ks = [int(k) for k in args.ks.split(",")]
+    # Quick is a CI smoke run: the small synthetic graph alone needs no shared data.
+    datasets_arg = args.datasets or ("synthetic" if args.quick else "amazon_photo,synthetic")
+    args.names = [d for d in datasets_arg.split(",") if d]
+    unknown = set(args.names) - {"amazon_photo", "synthetic"}
+    if unknown:
+        return f"unknown dataset(s) {sorted(unknown)}; known: amazon_photo, synthetic"
+    hub_ks_arg = args.hub_ks if args.hub_ks is not None else ("8" if args.quick else "2,8,32")
+    args.hub_ks = [int(k) for k in hub_ks_arg.split(",") if k]
+    thresholds_arg = args.hub_thresholds or ("64,none" if args.quick else "64,256,1024,none")
+    args.thresholds = [None if h.strip().lower() == "none" else int(h) for h in thresholds_arg.split(",") if h]
+    if any(h is not None and h < 2 for h in args.thresholds):
+        return f"hub thresholds must be at least 2 or 'none' (got {thresholds_arg})"
+    args.kinds = [k for k in args.memory_kinds.split(",") if k]
+    if set(args.kinds) - set(LAYERS):
+        return f"unknown layer type(s) {sorted(set(args.kinds) - set(LAYERS))}; known: {', '.join(LAYERS)}"
+    return None
+
+
+def run_dataset(name: str, args, out: dict) -> None:
+    """Every case of one dataset, appended to ``out``'s lists; its description (or why it was
+    skipped) in ``out["datasets"]``."""
+    t0 = time.perf_counter()
+    if name == "amazon_photo":
+        if not args.amazon_source.exists():
+            out["datasets"][name] = {"skipped": f"{args.amazon_source} not found"}
+            print(f"{name}: skipped ({args.amazon_source} not found)", file=sys.stderr)
+            return
+        graph, features, labels, meta = load_amazon(args.work_dir, args.amazon_source)
+    else:
+        graph, features, labels, meta = load_synthetic(
+            args.synthetic_nodes, args.synthetic_nodes * args.synthetic_degree, feature_dim=64, num_classes=16,
+            seed=args.seed)
+    batches = make_batches(graph, features, labels, num_batches=args.num_batches, batch_size=args.batch_size,
+                           seed=args.seed)
+    meta["load_s"] = round(time.perf_counter() - t0, 2)
+    out["datasets"][name] = meta
+    in_dim, out_dim = features.shape[1], meta["num_classes"]
+    out["baselines"].append(run_baseline(name, batches, in_dim=in_dim, out_dim=out_dim, seed=args.seed,
+                                         repeats=args.repeats))
+    for k in args.ks:
+        for strategy in STRATEGIES:
+            case = run_case(name, batches, min(k, batches[0].dense.num_targets), strategy,
+                            in_dim=in_dim, out_dim=out_dim, seed=args.seed, repeats=args.repeats)
+            out["cases"].append(case)
+            print(f"{name} k={k} {strategy}: inputs {case['total_inputs']:,} "
+                  f"split {case['split_s']:.3f}s epoch {case['epoch_s']:.2f}s "
+                  f"est {case['est_error']:+.4f}", file=sys.stderr)
+    out["memory_cases"] += run_memory(name, batches[0], args.ks, args.kinds, in_dim=in_dim, out_dim=out_dim,
+                                      seed=args.seed)
+    out["hub_cases"] += run_hub_thresholds(name, batches, args.hub_ks, args.thresholds, seed=args.seed,
+                                           repeats=args.repeats)
+
+
+def settings(args) -> dict:
+    return {"quick": args.quick, "fanouts": list(FANOUTS), "model": "sage", "num_layers": len(FANOUTS),
+            "hidden_dim": HIDDEN, "dropout": 0.0, "optimizer": "adam", "dtype": "float32",
+            "memory_kinds": args.kinds, "gat_heads": GAT_HEADS, "rgcn_relations": RGCN_RELATIONS,
+            "rgcn_bases": RGCN_BASES, "memory_strategy": "reg",
+            "reg_hops": REG_HOPS, "hub_threshold": HUB_THRESHOLD,
+            "hub_threshold_ks": args.hub_ks,
+            "hub_thresholds": ["none" if h is None else h for h in args.thresholds],
+            "batches": args.num_batches, "batch_size": args.batch_size, "ks": args.ks, "repeats": args.repeats,
+            "threads": args.threads, "seed": args.seed}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    num_batches = args.batches or (1 if args.quick else 3)
-    repeats = args.repeats or (1 if args.quick else 2)
-    batch_size = args.batch_size or (128 if args.quick else 1024)
-    synthetic_nodes = args.synthetic_nodes or (5_000 if args.quick else 500_000)
-    ks = [int(k) for k in args.ks.split(",")]
-    # Quick is a CI smoke run: the small synthetic graph alone needs no shared data.
-    datasets_arg = args.datasets or ("synthetic" if args.quick else "amazon_photo,synthetic")
-    names = [d for d in datasets_arg.split(",") if d]
-    unknown = set(names) - {"amazon_photo", "synthetic"}
-    if unknown:
-        print(f"unknown dataset(s) {sorted(unknown)}; known: amazon_photo, synthetic", file=sys.stderr)
-        return 2
-    hub_ks_arg = args.hub_ks if args.hub_ks is not None else ("8" if args.quick else "2,8,32")
-    hub_ks = [int(k) for k in hub_ks_arg.split(",") if k]
-    thresholds_arg = args.hub_thresholds or ("64,none" if args.quick else "64,256,1024,none")
-    thresholds = [None if h.strip().lower() == "none" else int(h) for h in thresholds_arg.split(",") if h]
-    if any(h is not None and h < 2 for h in thresholds):
-        print(f"hub thresholds must be at least 2 or 'none' (got {thresholds_arg})", file=sys.stderr)
-        return 2
-    kinds = [k for k in args.memory_kinds.split(",") if k]
-    if set(kinds) - set(LAYERS):
-        print(f"unknown layer type(s) {sorted(set(kinds) - set(LAYERS))}; known: {', '.join(LAYERS)}",
-              file=sys.stderr)
+    error = resolve_options(args)
+    if error:
+        print(error, file=sys.stderr)
         return 2
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    cases, baselines, memory_cases, hub_cases, datasets = [], [], [], [], {}
-    for name in names:
-        t0 = time.perf_counter()
-        if name == "amazon_photo":
-            if not args.amazon_source.exists():
-                datasets[name] = {"skipped": f"{args.amazon_source} not found"}
-                print(f"{name}: skipped ({args.amazon_source} not found)", file=sys.stderr)
-                continue
-            graph, features, labels, meta = load_amazon(args.work_dir, args.amazon_source)
-        else:
-            graph, features, labels, meta = load_synthetic(
-                synthetic_nodes, synthetic_nodes * args.synthetic_degree, feature_dim=64, num_classes=16,
-                seed=args.seed)
-        batches = make_batches(graph, features, labels, num_batches=num_batches, batch_size=batch_size,
-                               seed=args.seed)
-        meta["load_s"] = round(time.perf_counter() - t0, 2)
-        datasets[name] = meta
-        in_dim, out_dim = features.shape[1], meta["num_classes"]
-        baselines.append(run_baseline(name, batches, in_dim=in_dim, out_dim=out_dim, seed=args.seed,
-                                      repeats=repeats))
-        for k in ks:
-            for strategy in STRATEGIES:
-                case = run_case(name, batches, min(k, batches[0].dense.num_targets), strategy,
-                                in_dim=in_dim, out_dim=out_dim, seed=args.seed, repeats=repeats)
-                cases.append(case)
-                print(f"{name} k={k} {strategy}: inputs {case['total_inputs']:,} "
-                      f"split {case['split_s']:.3f}s epoch {case['epoch_s']:.2f}s "
-                      f"est {case['est_error']:+.4f}", file=sys.stderr)
-        memory_cases += run_memory(name, batches[0], ks, kinds, in_dim=in_dim, out_dim=out_dim, seed=args.seed)
-        hub_cases += run_hub_thresholds(name, batches, hub_ks, thresholds, seed=args.seed, repeats=repeats)
+    out = {"cases": [], "baselines": [], "memory_cases": [], "hub_cases": [], "datasets": {}}
+    for name in args.names:
+        run_dataset(name, args, out)
+    cases, baselines, memory_cases, hub_cases = out["cases"], out["baselines"], out["memory_cases"], out["hub_cases"]
     result = {"cases": cases, "baselines": baselines, "memory_cases": memory_cases,
               "hub_threshold_cases": hub_cases, "hub_threshold_summary": hub_threshold_summary(hub_cases),
-              "datasets": datasets, "goals": goals(cases, baselines, memory_cases),
-              "settings": {"quick": args.quick, "fanouts": list(FANOUTS), "model": "sage",
-                           "num_layers": len(FANOUTS),
-                           "hidden_dim": HIDDEN, "dropout": 0.0, "optimizer": "adam", "dtype": "float32",
-                           "memory_kinds": kinds, "gat_heads": GAT_HEADS, "rgcn_relations": RGCN_RELATIONS,
-                           "rgcn_bases": RGCN_BASES, "memory_strategy": "reg",
-                           "reg_hops": REG_HOPS, "hub_threshold": HUB_THRESHOLD,
-                           "hub_threshold_ks": hub_ks,
-                           "hub_thresholds": ["none" if h is None else h for h in thresholds],
-                           "batches": num_batches, "batch_size": batch_size, "ks": ks, "repeats": repeats,
-                           "threads": args.threads, "seed": args.seed},
-              "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                          "cpu_count": os.cpu_count(), "platform": platform.platform()}}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1) + "\n")
+              "datasets": out["datasets"], "goals": goals(cases, baselines, memory_cases),
+              "settings": settings(args),
+              "machine": benchkit.machine_record("python", "torch", "cpu_count", "platform")}
+    benchkit.write_json(args.json, result)
     print_table(cases, baselines, memory_cases)
     print_hub_table(hub_cases)
     return 0

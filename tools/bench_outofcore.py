@@ -114,7 +114,6 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
-import importlib.util
 import itertools
 import json
 import math
@@ -130,6 +129,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # numpy is imported where used: this file also runs in DGL's interpreter
     import numpy as np
+
+try:
+    from tools import benchkit
+except ImportError:  # run as a script (also in DGL's interpreter): tools/ is on sys.path
+    import benchkit
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER, PAPER_STREAM, MEMORY = "graphstore-megabatch-paper", "graphstore-megabatch-paper-stream", "graphstore-memory"
@@ -149,15 +153,6 @@ SETTINGS_KEYS = ("scheme", "policy", "capacity", "num_partitions", "static_cache
 """Keys every run's ``settings`` has (None where they do not apply)."""
 
 
-def _tool(name: str):
-    """A sibling benchmark module (its helpers are reused, not copied). Loaded lazily: the
-    DGL child runs this file in DGL's own environment, which has no graphstore."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _child_pids() -> list[int]:
     """Live child processes of this one (DataLoader workers); /proc has no children list here."""
     me, found = os.getpid(), []
@@ -174,38 +169,15 @@ def _child_pids() -> list[int]:
     return found
 
 
-def _status_field(pid: int | str, field: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def _read_bytes(pid: int | str = "self") -> int:
-    """``read_bytes`` of a process: bytes it caused to be fetched from the device, page faults
-    of a memory map included (reaped children's are added to their parent's)."""
-    try:
-        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _tree_read_bytes() -> int:
     """This process's ``read_bytes`` plus its live workers' (persistent DataLoader workers are
     not reaped between epochs, so their faults would not show in ours)."""
-    return _read_bytes() + sum(_read_bytes(pid) for pid in _child_pids())
+    return sum(benchkit.proc_io(pid).get("read_bytes", 0) for pid in ["self", *_child_pids()])
 
 
-def _max_rss_bytes() -> int:
-    """This process's peak RSS (VmHWM: per address space, so unlike ``ru_maxrss`` it does
-    not inherit the forking parent's RSS, which Linux carries over through fork and exec)."""
-    return _status_field("self", "VmHWM")
+def _max_rss_bytes(pid: int | str = "self") -> int:
+    """A process's peak RSS (`benchkit.vm_hwm_bytes`), 0 when unreadable."""
+    return benchkit.vm_hwm_bytes(pid) or 0
 
 
 # ---------------------------------------------------------------------- DGL's worker side
@@ -368,7 +340,7 @@ def child_graphstore(spec: dict) -> dict:
     model.train()
     # The last epoch does not read ahead into an epoch that will not run (its bytes would count).
     epochs = _train_epochs(spec, lambda e, last: loader.epoch(e, lookahead=not last), step, stats)
-    settings = {**loader.settings, **capacity_choice}
+    settings = {**loader.settings.to_dict(), **capacity_choice}
     if spec["scheme"] != "minibatch":
         from graphstore.buffer.manager import _assemble_where
 
@@ -465,7 +437,7 @@ def child_dgl(spec: dict) -> dict:
 
     model.train()
     epochs = _train_epochs(spec, lambda e, last: train, step)
-    workers_rss = [_status_field(pid, "VmHWM") for pid in _child_pids()]
+    workers_rss = [_max_rss_bytes(pid) for pid in _child_pids()]
     train = None
     gc.collect()
     acc = None
@@ -671,24 +643,6 @@ def write_targets(work: Path, tag: str, train, test) -> dict:
     return files
 
 
-def dd_file(work: Path, mib: int) -> Path:
-    path = work / f"dd_{mib}MiB.bin"
-    if not path.exists() or path.stat().st_size != mib << 20:
-        subprocess.run(["dd", "if=/dev/urandom", f"of={path}", "bs=4M", f"count={mib // 4}", "oflag=direct",
-                        "conv=fsync"], check=True, capture_output=True)
-    return path
-
-
-def dd_read(path: Path) -> dict:
-    """Sequential read of ``path`` with dd, direct IO (bypasses the page cache, so it needs no
-    drop_caches), 4 MiB blocks."""
-    start = time.perf_counter()
-    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=4M", "iflag=direct"], check=True, capture_output=True)
-    seconds = time.perf_counter() - start
-    size = path.stat().st_size
-    return {"bytes": size, "seconds": seconds, "bytes_per_s": size / seconds}
-
-
 def other_benchmarks() -> list[str]:
     """Command lines of other benchmarks running now (not this process or its children)."""
     mine = {os.getpid(), os.getppid()}
@@ -711,7 +665,7 @@ def isolation() -> dict:
         return {"cap_enforced": False, "page_cache_dropped": False,
                 "why": "not root: no drop_caches and no cgroup memory cap; every system reads through a warm, "
                        "unbounded page cache, so these timings are not out-of-core"}
-    if not Path("/sys/fs/cgroup/memory").is_dir():
+    if not benchkit.CGROUP_ROOT.is_dir():
         return {"cap_enforced": False, "page_cache_dropped": True,
                 "why": "no cgroup v1 memory controller at /sys/fs/cgroup/memory: no memory cap"}
     return {"cap_enforced": True, "page_cache_dropped": True, "why": None}
@@ -992,14 +946,13 @@ def parse_args(argv):
 def find_dgl_python(args, log) -> tuple[str | None, str | None]:
     """DGL's interpreter, or (None, why not). --quick never creates the venv (minutes of
     downloads); it uses --dgl-python or an existing --dgl-venv."""
-    bench_sampling = _tool("bench_sampling")
     if args.quick and not args.dgl_python:
         py = Path(args.dgl_venv) / "bin" / "python"
         if not py.exists():
             return None, (f"not available: no --dgl-python given and no DGL venv at {args.dgl_venv} "
                           "(--quick does not create one; tools/bench_sampling.py does)")
         args.dgl_python = str(py)
-    py, why = bench_sampling.ensure_dgl_python(args, log)
+    py, why = benchkit.ensure_dgl_python(args, log)
     return py, None if py else f"not available: {why}"
 
 
@@ -1055,7 +1008,7 @@ def log_row(row: dict, log) -> None:
 
 
 def row_from_child(name: str, run: dict, result: dict | None, *, targets: int, batch_size: int) -> dict:
-    """A run's row from its child's exit (``run``: bench_convert.run_measured plus the cgroup's
+    """A run's row from its child's exit (``run``: `benchkit.run_capped`'s, with the cgroup's
     counters) and the JSON it wrote (None when it did not finish)."""
     row = {"system": name, "returncode": run["returncode"], "child_seconds": run["seconds"],
            "wait4_maxrss_bytes": run["peak_rss_bytes"], "cgroup_peak_bytes": run["cgroup_peak_bytes"],
@@ -1079,7 +1032,6 @@ class Bench:
 
     def __init__(self, args, *, store, stream, stores: dict, log) -> None:
         self.args, self.iso, self.stores, self.log, self.stream = args, args.iso, stores, log, stream
-        self.bench_convert = _tool("bench_convert")
         self.feature_bytes = store.num_nodes * store.feature_dim * 4
         if args.cap_mib is None:
             args.cap_mib = quick_cap_mib(self.feature_bytes, args.process_mib) if args.quick else 1024
@@ -1169,9 +1121,10 @@ class Bench:
         is_dgl = name.startswith("dgl")
         if is_dgl:
             spec.update({k: str(self.dgl_files[k]) for k in ("features", "indptr", "indices", "labels")})
-        cmd = [self.dgl_py if is_dgl else sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
         load = list(os.getloadavg())
-        run = self._launch(cmd, cap_bytes)
+        run = benchkit.run_child(__file__, spec, cap_bytes=cap_bytes if self.iso["cap_enforced"] else None,
+                                 name="graphstore_bench_outofcore", drop_cache=self.iso["page_cache_dropped"],
+                                 python=self.dgl_py if is_dgl else None)
         result = json.loads(out.read_text()) if run["returncode"] == 0 and out.exists() else None
         row = row_from_child(name, run, result, targets=self.args.targets, batch_size=self.args.batch_size)
         row.update(mem_cap_bytes=cap_bytes, loadavg_before=load, spec={k: v for k, v in spec.items() if k != "out"})
@@ -1179,12 +1132,6 @@ class Bench:
                                        cap_bytes=cap_bytes if self.specs[name]["capped"] else None, iso=self.iso)
         log_row(row, self.log)
         return row
-
-    def _launch(self, cmd: list[str], cap_bytes: int | None) -> dict:
-        bc = self.bench_convert
-        if self.iso["page_cache_dropped"]:
-            bc.drop_caches()
-        return bc.run_capped(cmd, cap_bytes if self.iso["cap_enforced"] else None, "graphstore_bench_outofcore")
 
     def dgl_sweep(self) -> dict[str, dict]:
         """dgl-memmap at each ``num_workers`` setting, every one under the same cap: when the
@@ -1238,15 +1185,10 @@ class Bench:
 
 
 def machine_facts(store_path: Path, loadavg_start: list[float]) -> dict:
-    machine = _tool("bench_sampling").machine_info(loadavg_start)
-    machine["mem_total_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        dev = os.stat(store_path).st_dev
-        machine["read_ahead_kb"] = int(Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/queue/read_ahead_kb")
-                                       .read_text())
-    except OSError:
-        machine["read_ahead_kb"] = None
-    return machine
+    return benchkit.machine_record("cpu", "cores", "python", "torch", "numpy", loadavg_at_start=loadavg_start,
+                                   loadavg_at_end=list(os.getloadavg()), note=benchkit.SHARED_MACHINE_NOTE,
+                                   mem_total_bytes=benchkit.mem_total_bytes(),
+                                   read_ahead_kb=benchkit.read_ahead_kb(store_path))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1255,9 +1197,7 @@ def main(argv: list[str] | None = None) -> int:
         child(json.loads(args.child))
         return 0
     t_start = time.perf_counter()
-
-    def log(msg: str) -> None:
-        print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", flush=True)
+    log = benchkit.elapsed_logger()
 
     if not args.iso["cap_enforced"]:
         log(f"no isolation: {args.iso['why']}")
@@ -1269,17 +1209,18 @@ def main(argv: list[str] | None = None) -> int:
     loadavg_start = list(os.getloadavg())
     store, stream, stores, quick_store = open_stores(args, ap, log)
     bench = Bench(args, store=store, stream=stream, stores=stores, log=log)
-    ddf = dd_file(args.workdir, 256 if args.quick else 1024)
-    dd_runs = [dd_read(ddf)]
+    mib = 256 if args.quick else 1024
+    ddf = benchkit.ensure_dd_file(args.workdir / f"dd_{mib}MiB.bin", mib << 20)
+    dd_runs = [benchkit.dd_read(ddf, drop_cache=False)]  # direct IO: the page cache plays no part
     log(f"dd: {dd_runs[0]['bytes_per_s'] / 1e9:.2f} GB/s")
     runs = bench.run_all()
-    dd_runs.append(dd_read(ddf))
+    dd_runs.append(benchkit.dd_read(ddf, drop_cache=False))
     disk_bw = statistics.median(r["bytes_per_s"] for r in dd_runs)
     add_ratios(runs, disk_bw)
     goals = compute_goals(runs, targets=args.targets)
-    stores["main"]["bytes_on_disk"] = bench.bench_convert.du(args.store)
+    stores["main"]["bytes_on_disk"] = benchkit.du(args.store)
     result = {
-        "command": " ".join(["python", "tools/bench_outofcore.py"] + (argv if argv is not None else sys.argv[1:])),
+        "command": benchkit.command_line("tools/bench_outofcore.py", argv),
         "quick": args.quick, "runs": runs, "goals": goals,
         "goals_conditions": ("cap enforced, page cache dropped before each run" if args.iso["cap_enforced"]
                              else f"NOT out-of-core: {args.iso['why']}"),
@@ -1290,9 +1231,7 @@ def main(argv: list[str] | None = None) -> int:
         "waited_for_other_benchmarks_s": waited, "other_benchmarks_at_end": other_benchmarks(),
         "machine": machine_facts(args.store, loadavg_start), "wall_s": time.perf_counter() - t_start,
     }
-    if args.json.parent:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    benchkit.write_json(args.json, result)
     log(f"wrote {args.json}; goals " + json.dumps({k: (g["value"], g["met"]) for k, g in goals.items()}))
     return 0
 

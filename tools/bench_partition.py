@@ -51,14 +51,17 @@ The JSON: ``{"cases": [{"partitioner", "num_nodes", "num_edges", "edge_cut", "se
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+try:
+    from tools import benchkit
+except ImportError:  # run as a script: tools/ is on sys.path
+    import benchkit
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -74,14 +77,6 @@ GENERATOR_ARGS = ("--kind", "node", "--avg-degree", "10", "--feature-dim", "0", 
                   "--seed", "0", "--no-progress")
 STAGE_CHUNK = 1 << 22
 """Edges per step when staging and when counting the cut."""
-
-
-def _tool(name: str):
-    """A sibling benchmark module (its helpers are reused, not copied)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def communities_for(num_nodes: int) -> int:
@@ -194,35 +189,15 @@ def child(spec: dict) -> int:
                              partition_memory_bytes=spec.get("memory_bytes"))
     cpu = time.process_time() - cpu
     np.save(spec["labels"], np.asarray(result.labels))
-    Path(spec["info"]).write_text(json.dumps({"info": result.info, "vm_hwm_bytes": vm_hwm(),
+    Path(spec["info"]).write_text(json.dumps({"info": result.info, "vm_hwm_bytes": benchkit.vm_hwm_bytes(),
                                               "cpu_seconds": round(cpu, 3)}))
     return 0
 
 
-def vm_hwm() -> int | None:
-    """This process's peak RSS (``VmHWM``), which unlike ``ru_maxrss`` does not count
-    the parent's pages from before ``exec``."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def run_case(spec: dict, cap_bytes: int | None, helpers, *, cold: bool) -> dict:
-    """One child run, after dropping the page cache (``cold``, root only); inside a cgroup
-    if capped."""
-    if cold and os.geteuid() == 0:
-        helpers.drop_caches()
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
-    return helpers.run_capped(command, cap_bytes, "graphstore_bench_partition")
-
-
 def measure(case: str, method: str, description: dict, args, cap_bytes: int | None,
-            memory_bytes: int | None, helpers, work: Path) -> dict:
+            memory_bytes: int | None, work: Path) -> dict:
+    """One partitioner's child run (after dropping the page cache unless ``--warm``, as root;
+    inside a cgroup if capped) and its row."""
     import numpy as np
 
     labels_path = work / f"labels_{case}_n{description['num_nodes']}.npy"
@@ -230,7 +205,8 @@ def measure(case: str, method: str, description: dict, args, cap_bytes: int | No
     spec = {"partitioner": method, "graph": description, "num_partitions": args.partitions,
             "seed": args.seed, "memory_bytes": memory_bytes, "labels": str(labels_path),
             "info": str(info_path)}
-    run = run_case(spec, cap_bytes, helpers, cold=not args.warm)
+    run = benchkit.run_child(__file__, spec, cap_bytes=cap_bytes, name="graphstore_bench_partition",
+                             drop_cache=not args.warm and os.geteuid() == 0)
     row = {"case": case, "partitioner": method, "num_nodes": description["num_nodes"],
            "num_edges": description["num_edges"], "num_partitions": args.partitions,
            "memory_bytes": memory_bytes, "wall_seconds": round(run["seconds"], 3),
@@ -345,6 +321,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def run_sizes(args, sizes: list[int], methods: list[str], work: Path) -> list[dict]:
+    """Every case on every size, one row each (printed as it comes)."""
+    root = os.geteuid() == 0
+    rows: list[dict] = []
+    for n in sizes:
+        made = time.perf_counter()
+        description = ensure_graph(args.cache_dir, n)
+        print(f"n={n:,}: {description['num_edges']:,} stored edges, {description['communities']} "
+              f"communities (graph ready in {time.perf_counter() - made:.1f} s)", flush=True)
+        plan = [(m, m, None, args.stream_memory_mib << 20 if m == "stream" else None) for m in methods]
+        if "stream" in methods and not args.no_cap:
+            budget = args.cap_budget_mib << 20
+            plan.append(("stream-capped", "stream", budget + (args.cap_headroom_mib << 20), budget))
+        for case, method, cap_bytes, memory_bytes in plan:
+            if cap_bytes is not None and not root:
+                row = {"case": case, "partitioner": method, "num_nodes": n,
+                       "num_edges": description["num_edges"], "cap_bytes": cap_bytes,
+                       "skipped": "needs root for a cgroup v1 memory cap"}
+            else:
+                row = measure(case, method, description, args, cap_bytes, memory_bytes, work)
+            rows.append(row)
+            print_row(row)
+            if row.get("error") and not args.keep_going:
+                raise SystemExit(f"{case} failed on n={n}; --keep-going records it and goes on")
+    return rows
+
+
+def settings(args, sizes: list[int], methods: list[str]) -> dict:
+    return {"sizes": sizes, "num_partitions": args.partitions, "partitioners": methods,
+            "stream_memory_bytes": args.stream_memory_mib << 20,
+            "cap_budget_bytes": None if args.no_cap else args.cap_budget_mib << 20,
+            "cap_headroom_bytes": None if args.no_cap else args.cap_headroom_mib << 20,
+            "seed": args.seed, "generator": {str(n): communities_for(n) for n in sizes},
+            "generator_args": list(GENERATOR_ARGS), "cache_dir": str(args.cache_dir),
+            "dropped_page_cache": os.geteuid() == 0 and not args.warm}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child is not None:
@@ -361,35 +374,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(QUICK_SIZES if args.quick
                                                                            else FULL_SIZES)
-    helpers = _tool("bench_convert")  # drop_caches, run_capped
-    root = os.geteuid() == 0
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     work = args.cache_dir / f"run-{os.getpid()}"
     work.mkdir()
     load_before = os.getloadavg()
     began = time.perf_counter()
-    rows: list[dict] = []
     try:
-        for n in sizes:
-            made = time.perf_counter()
-            description = ensure_graph(args.cache_dir, n)
-            print(f"n={n:,}: {description['num_edges']:,} stored edges, {description['communities']} "
-                  f"communities (graph ready in {time.perf_counter() - made:.1f} s)", flush=True)
-            plan = [(m, m, None, args.stream_memory_mib << 20 if m == "stream" else None) for m in methods]
-            if "stream" in methods and not args.no_cap:
-                budget = args.cap_budget_mib << 20
-                plan.append(("stream-capped", "stream", budget + (args.cap_headroom_mib << 20), budget))
-            for case, method, cap_bytes, memory_bytes in plan:
-                if cap_bytes is not None and not root:
-                    row = {"case": case, "partitioner": method, "num_nodes": n,
-                           "num_edges": description["num_edges"], "cap_bytes": cap_bytes,
-                           "skipped": "needs root for a cgroup v1 memory cap"}
-                else:
-                    row = measure(case, method, description, args, cap_bytes, memory_bytes, helpers, work)
-                rows.append(row)
-                print_row(row)
-                if row.get("error") and not args.keep_going:
-                    raise SystemExit(f"{case} failed on n={n}; --keep-going records it and goes on")
+        rows = run_sizes(args, sizes, methods, work)
     finally:
         for leftover in work.glob("*"):
             leftover.unlink()
@@ -399,20 +390,12 @@ def main(argv: list[str] | None = None) -> int:
         "cases": rows,
         "summary": summary,
         "goals": goals(rows),
-        "settings": {"sizes": sizes, "num_partitions": args.partitions, "partitioners": methods,
-                     "stream_memory_bytes": args.stream_memory_mib << 20,
-                     "cap_budget_bytes": None if args.no_cap else args.cap_budget_mib << 20,
-                     "cap_headroom_bytes": None if args.no_cap else args.cap_headroom_mib << 20,
-                     "seed": args.seed, "generator": {str(n): communities_for(n) for n in sizes},
-                     "generator_args": list(GENERATOR_ARGS), "cache_dir": str(args.cache_dir),
-                     "dropped_page_cache": root and not args.warm},
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "platform": platform.platform(), "load_average_before": load_before,
-                    "load_average_after": os.getloadavg(),
-                    "seconds": round(time.perf_counter() - began, 1)},
+        "settings": settings(args, sizes, methods),
+        "machine": benchkit.machine_record("python", "cpus", "platform", load_average_before=load_before,
+                                           load_average_after=os.getloadavg(),
+                                           seconds=round(time.perf_counter() - began, 1)),
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    benchkit.write_json(args.json, result, indent=2)
     for s in summary:
         stream = s["cases"].get("stream") or {}
         if stream.get("cut_ratio_vs_metis") is not None:

@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -60,12 +59,15 @@ from pathlib import Path
 
 import numpy as np
 
+try:
+    from tools import benchkit
+except ImportError:  # run as a script: tools/ is on sys.path
+    import benchkit
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 FANOUT_CASES = ((15, 10, 5), (20, 20, 20, 20))
-DGL_VERSION = "1.1.3"
-TORCH_VERSION = "2.13.0"
 
 
 # ----------------------------------------------------------------------------- graph
@@ -213,46 +215,6 @@ print("DGL_JSON " + json.dumps(out))
 """
 
 
-def ensure_dgl_python(args: argparse.Namespace, log) -> tuple[str | None, str | None]:
-    """An interpreter that imports dgl, creating ``args.dgl_venv`` when needed; or (None, reason)."""
-    def works(py: str) -> str | None:
-        try:
-            r = subprocess.run([py, "-c", "import dgl, torch; print(dgl.__version__, torch.__version__)"],
-                               capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{py} did not run: {exc}"
-        if r.returncode != 0:
-            return f"import dgl failed with {py}: {r.stderr.strip().splitlines()[-1:] or r.returncode}"
-        return None
-
-    if args.dgl_python:
-        err = works(args.dgl_python)
-        return (None, err) if err else (args.dgl_python, None)
-    venv = Path(args.dgl_venv)
-    py = venv / "bin" / "python"
-    if py.exists() and works(str(py)) is None:
-        return str(py), None
-    log(f"creating the DGL environment in {venv} (torch=={TORCH_VERSION}, dgl=={DGL_VERSION})")
-    steps = [["python3", "-m", "venv", str(venv)],
-             [str(py), "-m", "pip", "install", "-q", f"torch=={TORCH_VERSION}"],
-             [str(py), "-m", "pip", "install", "-q", f"dgl=={DGL_VERSION}"],
-             # dgl 1.1.3 imports pkg_resources/packaging, which setuptools>=70 and a bare
-             # venv do not provide; pip warns that torch wants a newer setuptools, harmlessly.
-             [str(py), "-m", "pip", "install", "-q", "setuptools<70", "packaging"]]
-    for cmd in steps:
-        if cmd[0] != "python3" and not py.exists():
-            return None, "virtual environment creation failed"
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return None, f"{' '.join(cmd)}: {exc}"
-        if r.returncode != 0:
-            tail = (r.stderr.strip().splitlines() or ["?"])[-1]
-            return None, f"`{' '.join(cmd)}` failed: {tail}"
-    err = works(str(py))
-    return (None, err) if err else (str(py), None)
-
-
 def run_dgl(py: str, cache: Path, num_nodes: int, args: argparse.Namespace, budget: dict) -> tuple[dict | None, str | None]:
     cfg = {"cache": str(cache), "num_nodes": num_nodes, "threads": 1,
            "fanouts": [list(f)[::-1] for f in FANOUT_CASES], "warmup": budget["warmup"],
@@ -276,66 +238,15 @@ def run_dgl(py: str, cache: Path, num_nodes: int, args: argparse.Namespace, budg
     return None, f"DGL subprocess exited {r.returncode}: {tail}"
 
 
-# ----------------------------------------------------------------------------- main
+# ----------------------------------------------------------------------------- cases
 
-def machine_info(loadavg_at_start: list[float]) -> dict:
+def build_graph(args, cache: Path, num_nodes: int, num_edges: int, num_batches: int, log):
+    """The cached (or new) graph as a CSC, its description, and the target batches as tensors."""
     import torch
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "numpy": np.__version__,
-            "loadavg_at_start": loadavg_at_start, "loadavg_at_end": list(os.getloadavg()),
-            "note": "shared, noisy machine: compare samplers within this run (ratios), not across runs"}
 
+    from graphstore.sample import CSCGraph
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="small graph, few batches (under a minute)")
-    p.add_argument("--json", required=True, help="where to write the results")
-    p.add_argument("--cache-dir", default="/work/bench_sampling_cache")
-    p.add_argument("--dgl-python", default=None, help="an interpreter with dgl (skips venv creation)")
-    p.add_argument("--dgl-venv", default=str(REPO / ".venv-dgl"), help="DGL venv, created when missing")
-    p.add_argument("--no-dgl", action="store_true", help="report the DGL cases as skipped")
-    p.add_argument("--no-sage", action="store_true", help="skip the GraphSage forward+backward timing")
-    p.add_argument("--nodes", type=int, default=None)
-    p.add_argument("--edges", type=int, default=None)
-    p.add_argument("--gamma", type=float, default=2.3, help="power-law exponent of the degree sequence")
-    p.add_argument("--max-degree", type=float, default=None, help="cap on a node's expected degree")
-    p.add_argument("--batch-size", type=int, default=1000)
-    p.add_argument("--batches", type=int, default=None, help="timed batches per case (at most)")
-    p.add_argument("--budget-s", type=float, default=None, help="stop timing a case after this long")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dense-backend", default="auto", choices=("auto", "native", "torch"),
-                   help="sample_dense's backend (auto: the compiled kernel when built)")
-    args = p.parse_args(argv)
-    loadavg_at_start = list(os.getloadavg())
-
-    import torch
-    from graphstore.sample import CSCGraph, native_available, new_workspace, sample_blocks, sample_dense
-
-    quick = args.quick
-    num_nodes = args.nodes or (1 << 17 if quick else 1 << 21)
-    num_edges = args.edges or 20 * num_nodes
-    if args.max_degree is None:
-        args.max_degree = 2000.0 if quick else 10000.0
-    budget = {"warmup": 2 if quick else 3, "batches": args.batches or (10 if quick else 30),
-              "min_batches": 3 if quick else 5, "budget_s": args.budget_s or (3.0 if quick else 60.0)}
-    cache = Path(args.cache_dir) / ("quick" if quick else "full")
-    num_target_batches = budget["warmup"] + budget["batches"]
-    t_start = time.perf_counter()
-
-    def log(msg: str) -> None:
-        print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", file=sys.stderr, flush=True)
-
-    torch.set_num_threads(2)
-    src, dst, targets, gen_info = load_or_make(cache, num_nodes, num_edges, num_target_batches,
-                                               args.batch_size, args)
+    src, dst, targets, gen_info = load_or_make(cache, num_nodes, num_edges, num_batches, args.batch_size, args)
     log(f"graph: {num_nodes} nodes, {num_edges} edges {gen_info}")
     t0 = time.perf_counter()
     graph = CSCGraph.from_edges(torch.from_numpy(src), torch.from_numpy(dst), num_nodes, out_edges=False)
@@ -349,12 +260,19 @@ def main(argv=None) -> int:
                   "csc_build_s": round(csc_s, 2), **gen_info}
     del src, dst
     log(f"CSC built in {csc_s:.1f}s; in-degree max {deg.max()}, median {np.median(deg)}")
-    batches = [torch.from_numpy(t) for t in targets]
+    return graph, graph_info, [torch.from_numpy(t) for t in targets]
+
+
+def run_local_cases(args, graph, batches, workspace, budget: dict, log) -> tuple[list[dict], dict, dict]:
+    """DENSE (1 and 2 threads) and the reference sampler on every fanout setting: the cases,
+    and DENSE's and the reference's case per fanouts."""
+    import torch
+
+    from graphstore.sample import native_available, sample_blocks, sample_dense
 
     cases: list[dict] = []
     dense_by_fanouts: dict[tuple, dict] = {}
     ref_by_fanouts: dict[tuple, dict] = {}
-    workspace = new_workspace(graph)
     dense_backend = args.dense_backend
     if dense_backend == "auto":
         dense_backend = "native" if native_available() else "torch"
@@ -392,7 +310,7 @@ def main(argv=None) -> int:
                     sum(b.num_edges for b in blocks))
 
         times, res, cpu = run_batches(ref_fn, batches, budget["warmup"], budget["batches"],
-                                 budget["min_batches"], budget["budget_s"])
+                                      budget["min_batches"], budget["budget_s"])
         case = summarise("reference", fanouts, args.batch_size, times, [r[0] for r in res], [r[2] for r in res],
                          cpu,
                          threads=1, src_nodes_sum_per_batch=round(statistics.fmean(r[1] for r in res), 1))
@@ -400,14 +318,19 @@ def main(argv=None) -> int:
         ref_by_fanouts[fanouts] = case
         log(f"reference {fanouts}: {case['ms_median']} ms, {case['nodes_per_batch']} nodes, "
             f"{case['edges_per_batch']} edges")
+    return cases, dense_by_fanouts, ref_by_fanouts
 
-    # DGL, in its own interpreter.
+
+def run_dgl_cases(args, cache: Path, num_nodes: int, budget: dict, log) -> tuple[list[dict], dict, dict, str | None]:
+    """DGL's cases, in its own interpreter (or skipped rows saying why): the cases, DGL's case
+    per fanouts, its description, and why it did not run (None when it did)."""
+    cases: list[dict] = []
     dgl_info: dict = {}
     dgl_by_fanouts: dict[tuple, dict] = {}
     if args.no_dgl:
         reason = "--no-dgl given"
     else:
-        py, reason = ensure_dgl_python(args, log)
+        py, reason = benchkit.ensure_dgl_python(args, log)
         if py is not None:
             log(f"DGL: running with {py}")
             out, reason = run_dgl(py, cache, num_nodes, args, budget)
@@ -430,7 +353,11 @@ def main(argv=None) -> int:
             cases.append({"sampler": "dgl", "fanouts": list(fanouts), "batch_size": args.batch_size,
                           "ms_median": None, "ms_min": None, "ms_max": None, "nodes_per_batch": None,
                           "edges_per_batch": None, "skipped": reason})
+    return cases, dgl_by_fanouts, dgl_info, reason
 
+
+def sampler_ratios(dense_by_fanouts: dict, ref_by_fanouts: dict, dgl_by_fanouts: dict) -> dict:
+    """Per fanout setting: the reference's and DGL's median over DENSE's, and DGL's CPU time over DENSE's."""
     ratios = {}
     for fanouts in FANOUT_CASES:
         key = ",".join(map(str, fanouts))
@@ -442,59 +369,122 @@ def main(argv=None) -> int:
         r["dgl_cpu_ms_over_dense_cpu_ms"] = (round(dgl_cpu / dense_by_fanouts[fanouts]["cpu_ms_median"], 2)
                                              if dgl_cpu else None)
         ratios[key] = r
+    return ratios
 
-    # GraphSage forward + backward on DENSE and on the reference blocks.
+
+def run_graphsage(args, graph, batches, workspace, num_nodes: int, budget: dict, log) -> list[dict]:
+    """GraphSage forward + backward on DENSE and on the reference blocks (the first fanouts)."""
+    import torch
+
+    from graphstore.nn import GNN
+    from graphstore.sample import sample_blocks, sample_dense
+
     sage = []
-    if not args.no_sage:
-        torch.set_num_threads(1)
-        fanouts = FANOUT_CASES[0]
-        feats = torch.rand(num_nodes, 100, generator=torch.Generator().manual_seed(args.seed + 7))
-        from graphstore.nn import GNN
+    torch.set_num_threads(1)
+    fanouts = FANOUT_CASES[0]
+    feats = torch.rand(num_nodes, 100, generator=torch.Generator().manual_seed(args.seed + 7))
+    torch.manual_seed(args.seed)
+    # graphstore.nn's GraphSage; the same module runs on DENSE and on reference blocks.
+    model = GNN("sage", in_dim=100, hidden_dim=128, out_dim=128, num_layers=3)
+    sage_budget = dict(budget, batches=min(budget["batches"], 10), min_batches=3,
+                       budget_s=budget["budget_s"] / 2)
+    for on in ("dense", "reference"):
+        gen = torch.Generator().manual_seed(args.seed)
+        prepared = []
+        n_prep = sage_budget["warmup"] + sage_budget["batches"]
+        for t in batches[:n_prep]:
+            if on == "dense":
+                d = sample_dense(graph, t, fanouts, generator=gen, workspace=workspace,
+                                 backend=args.dense_backend)
+                prepared.append((d, feats.index_select(0, d.node_ids), d.num_nodes, d.num_edges))
+            else:
+                blocks = sample_blocks(graph, t, fanouts, generator=gen)
+                prepared.append((blocks, feats.index_select(0, blocks[0].src_nodes),
+                                 int(blocks[0].src_nodes.numel()), sum(b.num_edges for b in blocks)))
 
-        torch.manual_seed(args.seed)
-        # graphstore.nn's GraphSage; the same module runs on DENSE and on reference blocks.
-        model = GNN("sage", in_dim=100, hidden_dim=128, out_dim=128, num_layers=3)
-        sage_budget = dict(budget, batches=min(budget["batches"], 10), min_batches=3,
-                           budget_s=budget["budget_s"] / 2)
-        for on in ("dense", "reference"):
-            gen = torch.Generator().manual_seed(args.seed)
-            prepared = []
-            n_prep = sage_budget["warmup"] + sage_budget["batches"]
-            for t in batches[:n_prep]:
-                if on == "dense":
-                    d = sample_dense(graph, t, fanouts, generator=gen, workspace=workspace,
-                                     backend=args.dense_backend)
-                    prepared.append((d, feats.index_select(0, d.node_ids), d.num_nodes, d.num_edges))
-                else:
-                    blocks = sample_blocks(graph, t, fanouts, generator=gen)
-                    prepared.append((blocks, feats.index_select(0, blocks[0].src_nodes),
-                                     int(blocks[0].src_nodes.numel()), sum(b.num_edges for b in blocks)))
+        def step(item, on=on):
+            model.zero_grad()
+            s, x, _, _ = item
+            out = model(x, s)
+            out.square().mean().backward()
+            return item[2], item[3]
 
-            def step(item, on=on):
-                model.zero_grad()
-                s, x, _, _ = item
-                out = model(x, s)
-                out.square().mean().backward()
-                return item[2], item[3]
+        times, res, _ = run_batches(step, prepared, sage_budget["warmup"], sage_budget["batches"],
+                                    sage_budget["min_batches"], sage_budget["budget_s"])
+        entry = summarise(on, fanouts, args.batch_size, times, [r[0] for r in res], [r[1] for r in res],
+                          model="graphstore.nn.GNN('sage'), 3 layers, 100->128->128->128", threads=1)
+        sage.append(entry)
+        log(f"graphsage fwd+bwd on {on}: {entry['ms_median']} ms")
+        del prepared
+    return sage
 
-            times, res, _ = run_batches(step, prepared, sage_budget["warmup"], sage_budget["batches"],
-                                     sage_budget["min_batches"], sage_budget["budget_s"])
-            entry = summarise(on, fanouts, args.batch_size, times, [r[0] for r in res], [r[1] for r in res],
-                              model="graphstore.nn.GNN('sage'), 3 layers, 100->128->128->128", threads=1)
-            sage.append(entry)
-            log(f"graphsage fwd+bwd on {on}: {entry['ms_median']} ms")
-            del prepared
-        if len(sage) == 2:
-            ratios["graphsage_reference_ms_over_dense_ms"] = round(sage[1]["ms_median"] / sage[0]["ms_median"], 2)
+
+# ----------------------------------------------------------------------------- main
+
+def machine_info(loadavg_at_start: list[float]) -> dict:
+    return benchkit.machine_record("cpu", "cores", "python", "torch", "numpy", loadavg_at_start=loadavg_at_start,
+                                   loadavg_at_end=list(os.getloadavg()), note=benchkit.SHARED_MACHINE_NOTE)
+
+
+def parse_args(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small graph, few batches (under a minute)")
+    p.add_argument("--json", required=True, help="where to write the results")
+    p.add_argument("--cache-dir", default="/work/bench_sampling_cache")
+    p.add_argument("--dgl-python", default=None, help="an interpreter with dgl (skips venv creation)")
+    p.add_argument("--dgl-venv", default=str(REPO / ".venv-dgl"), help="DGL venv, created when missing")
+    p.add_argument("--no-dgl", action="store_true", help="report the DGL cases as skipped")
+    p.add_argument("--no-sage", action="store_true", help="skip the GraphSage forward+backward timing")
+    p.add_argument("--nodes", type=int, default=None)
+    p.add_argument("--edges", type=int, default=None)
+    p.add_argument("--gamma", type=float, default=2.3, help="power-law exponent of the degree sequence")
+    p.add_argument("--max-degree", type=float, default=None, help="cap on a node's expected degree")
+    p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument("--batches", type=int, default=None, help="timed batches per case (at most)")
+    p.add_argument("--budget-s", type=float, default=None, help="stop timing a case after this long")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dense-backend", default="auto", choices=("auto", "native", "torch"),
+                   help="sample_dense's backend (auto: the compiled kernel when built)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    loadavg_at_start = list(os.getloadavg())
+
+    import torch
+
+    from graphstore.sample import new_workspace
+
+    quick = args.quick
+    num_nodes = args.nodes or (1 << 17 if quick else 1 << 21)
+    num_edges = args.edges or 20 * num_nodes
+    if args.max_degree is None:
+        args.max_degree = 2000.0 if quick else 10000.0
+    budget = {"warmup": 2 if quick else 3, "batches": args.batches or (10 if quick else 30),
+              "min_batches": 3 if quick else 5, "budget_s": args.budget_s or (3.0 if quick else 60.0)}
+    cache = Path(args.cache_dir) / ("quick" if quick else "full")
+    t_start = time.perf_counter()
+    log = benchkit.elapsed_logger(sys.stderr)
+
+    torch.set_num_threads(2)
+    graph, graph_info, batches = build_graph(args, cache, num_nodes, num_edges,
+                                             budget["warmup"] + budget["batches"], log)
+    workspace = new_workspace(graph)
+    cases, dense_by_fanouts, ref_by_fanouts = run_local_cases(args, graph, batches, workspace, budget, log)
+    dgl_cases, dgl_by_fanouts, dgl_info, reason = run_dgl_cases(args, cache, num_nodes, budget, log)
+    cases += dgl_cases
+    ratios = sampler_ratios(dense_by_fanouts, ref_by_fanouts, dgl_by_fanouts)
+    sage = [] if args.no_sage else run_graphsage(args, graph, batches, workspace, num_nodes, budget, log)
+    if len(sage) == 2:
+        ratios["graphsage_reference_ms_over_dense_ms"] = round(sage[1]["ms_median"] / sage[0]["ms_median"], 2)
 
     result = {"cases": cases, "graph": graph_info, "ratios": ratios, "graphsage": sage,
               "dgl": dgl_info or {"skipped": reason}, "machine": machine_info(loadavg_at_start),
-              "settings": {"quick": quick, "command": " ".join(["python", "tools/bench_sampling.py"] +
-                                                               (argv if argv is not None else sys.argv[1:])),
+              "settings": {"quick": quick, "command": benchkit.command_line("tools/bench_sampling.py", argv),
                            "fanouts_order": "fanouts[0] is the hop nearest the targets (DGL gets the reverse)",
                            "threads": 1, **budget, "wall_s": round(time.perf_counter() - t_start, 1)}}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    benchkit.write_json(Path(args.json), result)
     log(f"wrote {args.json}; ratios {ratios}")
     return 0
 

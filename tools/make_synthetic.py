@@ -108,6 +108,8 @@ from pathlib import Path
 
 import numpy as np
 
+from graphstore.layout.hashing import FeistelPermutation, mix64
+
 logger = logging.getLogger("make_synthetic")
 
 __all__ = ["SyntheticConfig", "SyntheticError", "generate", "main"]
@@ -126,8 +128,6 @@ _PERM_NODES, _PERM_SPLIT, _PERM_EDGES, _PERM_LABELS = 11, 12, 13, 14
 
 _U64 = np.uint64
 _GOLDEN = _U64(0x9E3779B97F4A7C15)
-_MIX1 = _U64(0xBF58476D1CE4E5B9)
-_MIX2 = _U64(0x94D049BB133111EB)
 
 
 class SyntheticError(ValueError):
@@ -290,20 +290,11 @@ def _validate(cfg: SyntheticConfig) -> tuple[float, float, float]:
 # ------------------------------------------------------------------ random numbers
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser: a bijective, well-mixing hash of uint64 values."""
-    x = x ^ (x >> _U64(30))
-    x = x * _MIX1
-    x = x ^ (x >> _U64(27))
-    x = x * _MIX2
-    return x ^ (x >> _U64(31))
-
-
 def _stream_key(seed: int, stream: int) -> np.uint64:
     """A 64-bit key for one purpose's random numbers under one seed."""
     base = np.array([(seed * 0x2545F4914F6CDD1D + stream * 0x9E3779B97F4A7C15) % 2**64],
                     dtype=np.uint64)
-    return _U64(_mix64(_mix64(base))[0])
+    return _U64(mix64(mix64(base))[0])
 
 
 def _uniform(key: np.uint64, counter: np.ndarray) -> np.ndarray:
@@ -312,61 +303,20 @@ def _uniform(key: np.uint64, counter: np.ndarray) -> np.ndarray:
     Counter-based (rather than a sequential generator) so that any edge can be made
     on its own: held-out edges are generated before the edges around them.
     """
-    z = _mix64(counter.astype(np.uint64) * _GOLDEN + key)
+    z = mix64(counter.astype(np.uint64) * _GOLDEN + key)
     return (z >> _U64(11)).astype(np.float64) * (1.0 / 2**53)
 
 
-class _FeistelPermutation:
-    """A seeded pseudo-random permutation of ``[0, n)`` that costs O(1) memory.
-
-    A balanced Feistel network permutes ``[0, 4**h)`` with ``4**h >= n``; cycle walking
-    (applying it again to values that land outside ``[0, n)``) restricts it to a
-    permutation of ``[0, n)``. At most 4x oversized, so few walks are needed.
-    """
+class _FeistelPermutation(FeistelPermutation):
+    """A seeded pseudo-random permutation of ``[0, n)`` that costs O(1) memory: round keys
+    from this tool's key streams (one per ``purpose``), the top bits of each round's hash
+    (the best mixed ones). At most 4x oversized, so few cycle walks are needed."""
 
     _ROUNDS = 4
 
     def __init__(self, n: int, seed: int, purpose: int) -> None:
-        self.n = int(n)
-        half = 1
-        while 4**half < self.n:
-            half += 1
-        self._half = _U64(half)
-        self._mask = _U64((1 << half) - 1)
-        self._shift = _U64(64 - half)
-        self._keys = [_stream_key(seed, purpose * 64 + r) for r in range(self._ROUNDS)]
-
-    def _round(self, x: np.ndarray, key: np.uint64) -> np.ndarray:
-        # The top bits of the hash are the best mixed ones.
-        return _mix64(x ^ key) >> self._shift
-
-    def _forward_once(self, x: np.ndarray) -> np.ndarray:
-        left, right = x >> self._half, x & self._mask
-        for key in self._keys:
-            left, right = right, left ^ self._round(right, key)
-        return (left << self._half) | right
-
-    def _inverse_once(self, y: np.ndarray) -> np.ndarray:
-        left, right = y >> self._half, y & self._mask
-        for key in reversed(self._keys):
-            left, right = right ^ self._round(left, key), left
-        return (left << self._half) | right
-
-    def _walk(self, x: np.ndarray, step) -> np.ndarray:
-        out = step(x.astype(np.uint64))
-        outside = np.flatnonzero(out >= self.n)
-        while outside.size:
-            out[outside] = step(out[outside])
-            outside = outside[out[outside] >= self.n]
-        return out.astype(np.int64)
-
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """Map values of ``[0, n)`` to their images, int64 of the same shape."""
-        return self._walk(np.asarray(x), self._forward_once)
-
-    def inverse(self, y: np.ndarray) -> np.ndarray:
-        """Map images back to the values they came from."""
-        return self._walk(np.asarray(y), self._inverse_once)
+        keys = [_stream_key(seed, purpose * 64 + r) for r in range(self._ROUNDS)]
+        super().__init__(n, keys, round_bits="high")
 
 
 # ---------------------------------------------------------------------- the model

@@ -21,7 +21,7 @@ own functions (``normalize_rows``, ``epoch_lr``), applied in the parent process.
 
 The parent process (graphstore's interpreter) exports the store into a temporary ``.npz``;
 a child process in an interpreter with dgl (``--dgl-python``, else ``.venv-dgl``, created
-like tools/bench_sampling.py does) trains and writes the metrics JSON in the trainer's
+by `benchkit.ensure_dgl_python` as for the benchmarks) trains and writes the metrics JSON in the trainer's
 layout (``final``, ``best``, ``epochs`` with ``time_s`` and zero ``io``), which
 run_accuracy.py aggregates like any other run.
 """
@@ -29,12 +29,19 @@ run_accuracy.py aggregates like any other run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import ClassVar
 import json
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+try:
+    from tools import benchkit
+except ImportError:  # run as a script (also in DGL's interpreter): tools/ is on sys.path
+    import benchkit
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -134,20 +141,25 @@ def child(spec_path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
-    sys.path.insert(0, str(REPO / "tools"))
-    import bench_sampling
-    from trainers import common, node_classification
+    from trainers import node_classification
+    from trainers.options import UsageError, option
 
-    parser = node_classification.build_parser()
-    parser.prog = "reference_dgl.py"
-    parser.add_argument("--dgl-python", help="an interpreter with dgl (default: .venv-dgl, created when missing)")
-    parser.add_argument("--dgl-venv", default=str(REPO / ".venv-dgl"), help=argparse.SUPPRESS)
-    args = common.parse_options(parser, argv)
-    if args.model != "sage":
-        parser.error(f"--model {args.model}: the DGL reference is GraphSAGE only")
-    if not args.metrics_out:
-        parser.error("--metrics-out is required")
-    py, reason = bench_sampling.ensure_dgl_python(args, lambda msg: print(msg, flush=True))
+    @dataclasses.dataclass(frozen=True)
+    class ReferenceOptions(node_classification.NodeClassificationOptions):
+        prog: ClassVar[str] = "reference_dgl.py"
+        dgl_python: str | None = option(
+            None, help="an interpreter with dgl (default: .venv-dgl, created when missing)")
+        dgl_venv: str = option(str(REPO / ".venv-dgl"), help=argparse.SUPPRESS)
+
+        def validate(self) -> None:
+            super().validate()
+            if self.model != "sage":
+                raise UsageError(f"--model {self.model}: the DGL reference is GraphSAGE only")
+            if not self.metrics_out:
+                raise UsageError("--metrics-out is required")
+
+    args = ReferenceOptions.parse(argv)
+    py, reason = benchkit.ensure_dgl_python(args, lambda msg: print(msg, flush=True))
     if py is None:
         raise SystemExit(f"reference_dgl.py: no interpreter with dgl: {reason}")
     config = {k: getattr(args, k) for k in ("hidden", "lr", "weight_decay", "dropout", "epochs", "seed",

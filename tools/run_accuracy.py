@@ -45,6 +45,11 @@ import sys
 import time
 from pathlib import Path
 
+try:
+    from tools import benchkit
+except ImportError:  # run as a script: tools/ is on sys.path
+    import benchkit
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
@@ -410,8 +415,7 @@ def main(argv=None) -> int:
     res = aggregate(args)
     print_summary(res)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=1) + "\n")
+        benchkit.write_json(args.json, res)
         print(f"\nwrote {args.json}")
     return 0
 

@@ -25,9 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import run_accuracy as ra  # noqa: E402  (the sibling tool: stores, base config, job runner)
+try:  # the sibling tool: stores, base config, job runner
+    from tools import benchkit
+    from tools import run_accuracy as ra
+except ImportError:  # run as a script: tools/ is on sys.path
+    import benchkit
+    import run_accuracy as ra
 
 # Around the values the earlier probes tried (docs/benchmarks.md, "How Photo's setting was
 # found"): the learning rate row-normalised inputs need, light or usual weight decay, and
@@ -99,8 +102,7 @@ def main(argv=None) -> int:
               "rule": "highest mean validation accuracy at the best-validation epoch over the seeds, ties "
                       "broken by the mean validation accuracy at the last epoch; test accuracy not read",
               "grid": rows, "chosen": chosen}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    benchkit.write_json(args.json, result)
     print("chosen:", " ".join(chosen["flags"]), f"valid {chosen['valid_best_mean']:.4f}")
     return 0
 

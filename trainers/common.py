@@ -1,5 +1,5 @@
-"""What both trainer scripts share: options from flags and a TOML file, the metrics JSON,
-checkpoints, per-epoch seeding, progress bars and the error exit.
+"""What both trainer scripts share: the metrics JSON, checkpoints, per-epoch seeding,
+progress bars and the error exit (their options are in ``options``).
 
 Not part of the wheel: the scripts run from a checkout (``python trainers/...``), so this
 module is imported by path (the scripts put ``trainers/`` on ``sys.path``).
@@ -17,7 +17,6 @@ previous checkpoint intact and ``latest`` pointing at a complete one.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -28,7 +27,6 @@ import resource
 import shutil
 import sys
 import time
-import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,167 +35,28 @@ import numpy as np
 import torch
 
 from graphstore.errors import ConfigError, GraphStoreError
+from graphstore.loaders.seeds import epoch_seed  # noqa: F401  (the trainers seed dropout per epoch with it)
 from graphstore.layout._durable import fsync_tree, write_atomically
+from graphstore.units import jsonable
 
 __all__ = [
-    "Checkpointer", "MetricsWriter", "add_common_options", "byte_size", "epoch_seed", "fanout_list",
-    "io_stats", "parse_options", "peak_memory_bytes", "positive_int", "progress", "run",
+    "Checkpointer", "MetricsWriter", "epoch_seed", "io_stats", "peak_memory_bytes", "progress", "run",
     "versions",
 ]
+
+try:
+    from trainers.options import CommonOptions
+except ImportError:  # run as a script
+    from options import CommonOptions
 
 log = logging.getLogger(__name__)
 
 # Options that say where things go or how to start, not what is trained: a resumed run may
-# change them, and a config file must not set `config` itself.
-RUN_ONLY = frozenset({"config", "resume", "epochs", "metrics_out", "checkpoint_dir", "device", "store"})
+# change them (marked in their fields).
+RUN_ONLY = CommonOptions.run_only_names()
 
 
-# ---------------------------------------------------------------------- option types
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive (got {value})")
-    return value
-
-
-def fanout_list(text: str) -> tuple[int, ...]:
-    """``"15,10,5"`` -> (15, 10, 5); -1 means all neighbours. ``fanouts[0]`` is the hop
-    nearest the targets (the last GNN layer's)."""
-    try:
-        values = tuple(int(t) for t in str(text).split(",") if t.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers like 15,10 (got {text!r})") from None
-    if not values or any(v == 0 or v < -1 for v in values):
-        raise argparse.ArgumentTypeError(
-            f"fanouts must be positive or -1 (all), one per layer (got {text!r})")
-    return values
-
-
-def byte_size(text: str) -> int:
-    """``4194304``, ``4MiB``, ``512K``, ``1G`` -> bytes (as ``graphstore convert``)."""
-    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    t = str(text).strip().lower().removesuffix("b").removesuffix("i")
-    unit = t[-1] if t and t[-1] in units else ""
-    try:
-        value = float(t[: len(t) - len(unit)]) * units[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 256MiB (got {text!r})") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive (got {text!r})")
-    return int(value)
-
-
-def unit_float(text: str) -> float:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected a number (got {text!r})") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1) (got {value})")
-    return value
-
-
-# ---------------------------------------------------------------------- options
-
-def add_common_options(parser: argparse.ArgumentParser) -> None:
-    """The options both trainers take (run control, output, buffer)."""
-    parser.add_argument("--config", metavar="C.toml",
-                        help="TOML file giving any option below by its long name (flags override it)")
-    parser.add_argument("--store", metavar="S.gs", help="the store to train on (required)")
-    parser.add_argument("--buffer-partitions", type=positive_int, metavar="C",
-                        help="partitions the buffer holds (default by scheme)")
-    parser.add_argument("--buffer-bytes", type=byte_size, metavar="B",
-                        help="buffer budget in bytes instead of partitions, e.g. 512MiB")
-    parser.add_argument("--batch-size", type=positive_int, default=1000)
-    parser.add_argument("--epochs", type=positive_int, default=10)
-    parser.add_argument("--lr", type=float, default=0.01, help="learning rate")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="with the epoch number, every random choice (init, sampling, dropout)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
-                        help="load buffer states in the foreground (for measuring stalls)")
-    parser.add_argument("--metrics-out", metavar="M.json", help="write the metrics JSON here")
-    parser.add_argument("--checkpoint-dir", metavar="D", help="save a checkpoint here after every epoch")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the last checkpoint in --checkpoint-dir")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-
-
-def _config_values(parser: argparse.ArgumentParser, path: str) -> dict[str, Any]:
-    """The TOML file's options as argparse destinations, converted and checked like flags."""
-    try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML ({e})") from None
-    # Flat tables are allowed for readability ([loader] batch-size = ...): merged in.
-    flat: dict[str, Any] = {}
-    for key, value in raw.items():
-        if isinstance(value, dict):
-            flat.update(value)
-        else:
-            flat[key] = value
-    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
-    by_flag = {s.lstrip("-").replace("-", "_"): a for a in actions.values() for s in a.option_strings}
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        name = key.replace("-", "_")
-        action = by_flag.get(name) or actions.get(name)
-        if action is None:
-            known = ", ".join(sorted(k.replace("_", "-") for k in by_flag if len(k) > 1))
-            raise ConfigError(f"{path}: unknown option {key!r} (known: {known})")
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-            if not isinstance(value, bool):
-                raise ConfigError(f"{path}: {key} must be true or false (got {value!r})")
-            # `no-prefetch = true` means prefetch = False.
-            flag_is_negative = isinstance(action, argparse._StoreFalseAction) and name != action.dest
-            out[action.dest] = (not value) if flag_is_negative else value
-            continue
-        if isinstance(value, list):
-            value = ",".join(str(v) for v in value)
-        if action.type is not None:
-            try:
-                value = action.type(value if isinstance(value, str) else str(value))
-            except argparse.ArgumentTypeError as e:
-                raise ConfigError(f"{path}: {key}: {e}") from None
-            except ValueError:
-                raise ConfigError(f"{path}: {key}: cannot read {value!r} as {action.type.__name__}") from None
-        if action.choices is not None and value not in action.choices:
-            choices = ", ".join(map(str, action.choices))
-            raise ConfigError(f"{path}: {key} must be one of {choices} (got {value!r})")
-        out[action.dest] = value
-    return out
-
-
-def parse_options(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """Flags over the ``--config`` file over the defaults.
-
-    Raises
-    ------
-    ConfigError
-        On an unreadable config file or an unknown or invalid option in it.
-    """
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config")
-    known, _ = pre.parse_known_args(argv)
-    if known.config:
-        parser.set_defaults(**_config_values(parser, known.config))
-    args = parser.parse_args(argv)
-    if not args.store:
-        parser.error("--store is required (as a flag or in the config file)")
-    if args.buffer_partitions is not None and args.buffer_bytes is not None:
-        parser.error("give --buffer-partitions or --buffer-bytes, not both")
-    if args.resume and not args.checkpoint_dir:
-        parser.error("--resume needs --checkpoint-dir")
-    return args
-
+# ---------------------------------------------------------------------- device
 
 def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
@@ -207,14 +66,6 @@ def resolve_device(name: str) -> torch.device:
 
 
 # ---------------------------------------------------------------------- seeding
-
-def epoch_seed(seed: int, epoch: int, salt: int = 0) -> int:
-    """A seed per (run seed, epoch, purpose): every epoch's randomness is replayable alone,
-    which is what makes ``--resume`` reach the same result as an uninterrupted run."""
-    entropy = [int(seed) & 0xFFFFFFFF, int(epoch), int(salt), 0x7261696E]
-    state = np.random.SeedSequence(entropy).generate_state(1, np.uint64)
-    return int(state[0]) & ((1 << 63) - 1)
-
 
 def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
@@ -283,20 +134,6 @@ def mib(n: float) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return float(value)
-    if isinstance(value, (np.ndarray, torch.Tensor)):
-        return value.tolist()
-    if isinstance(value, (Path, torch.device)):
-        return str(value)
-    if isinstance(value, (tuple, set)):
-        return list(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
 def atomic_write_text(path: Path, text: str) -> None:
     """Replace ``path`` with ``text``: whole or not at all, and durable once returned."""
     path = Path(path)
@@ -319,7 +156,8 @@ class MetricsWriter:
         self.record["peak_memory_bytes"] = peak_memory_bytes()
         self.record["wall_time_s"] = time.perf_counter() - self.started
         if self.path is not None:
-            text = json.dumps(self.record, indent=2, default=_jsonable, allow_nan=True)
+            # jsonable leaves unknown types as they are: json.dumps then refuses them (TypeError).
+            text = json.dumps(jsonable(self.record), indent=2, allow_nan=True)
             atomic_write_text(self.path, text + "\n")
 
 

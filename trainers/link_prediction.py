@@ -59,11 +59,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import shutil
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -71,78 +73,136 @@ import torch
 import graphstore
 from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EMBEDDINGS_ARRAY, EmbeddingTable
-from graphstore.loaders import EdgeBatch, EdgeLoader
+from graphstore.buffer import POLICIES as POLICY_REGISTRY
+from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
+from graphstore.loaders import EdgeBatch, EdgeLoader, EdgeLoaderSettings
 from graphstore.nn import DECODERS, GNN, full_ranks, link_loss, ogb_hits_at_k, ranking_metrics
 from graphstore.sample.reference import Block
 
 try:
     from trainers import common
+    from trainers.options import CommonOptions, fanout_list, option, override, positive_int, unit_float
 except ImportError:  # run as a script
     import common
+    from options import CommonOptions, fanout_list, option, override, positive_int, unit_float
 
 PROG = "link_prediction.py"
+# The choices of --model, --encoder, --scheme and --policy.
+MODELS = tuple(sorted(DECODERS))
 ENCODERS = ("none", "sage", "gat", "rgcn")
+SCHEMES = SCHEME_REGISTRY.names(lambda s: "link" in s.tasks)  # the registries' choices
+POLICIES = POLICY_REGISTRY.names(lambda p: p.task in ("link", "both"))
 RANK_KS = (1, 3, 10)
 OGB_KS = (10, 20, 50)
 ADAGRAD_EPS = 1e-10
 
 
+@dataclasses.dataclass(frozen=True)
+class LinkPredictionOptions(CommonOptions):
+    """This script's options: the common ones (a larger default --lr), then the model's,
+    the negatives' and evaluation's."""
+
+    prog: ClassVar[str] = PROG
+    description: ClassVar[str] = "Train a link predictor on a graphstore store."
+
+    lr: float = override(CommonOptions, "lr", default=0.1)
+    model: str = option("distmult", choices=MODELS, help="decoder (edge scorer)")
+    encoder: str = option("none", choices=ENCODERS, help="GNN encoder before the decoder")
+    scheme: str = option("minibatch", choices=SCHEMES, help=SCHEME_REGISTRY.help_text(lambda s: "link" in s.tasks))
+    policy: str | None = option(None, choices=POLICIES, help="buffer policy (disk default comet): "
+                                + POLICY_REGISTRY.help_text(lambda p: p.task in ("link", "both")))
+    num_logical_partitions: int | None = option(
+        None, type=positive_int, metavar="L", help="COMET's logical partitions (default MariusGNN's l = 2p/c)")
+    embedding_dim: int = option(100, type=positive_int, help="node representation width d")
+    embeddings: bool = option(False, help="learn node embeddings even when the store has features")
+    embedding_scale: float = option(1e-3, type=float,
+                                    help="initial embeddings ~ scale * N(0, 1) (MariusGNN: 0.001)")
+    embedding_lr: float | None = option(None, type=float, help="learning rate of the embeddings (default --lr)")
+    embedding_optimizer: str = option(
+        "adagrad", choices=("adagrad", "adam"),
+        help="sparse optimizer of the embeddings: adagrad (MariusGNN; state in the store) or adam (as OGB's "
+             "baselines; its first moment is kept in memory, so minibatch scheme only)")
+    negatives: int = option(256, type=positive_int, help="negatives per chunk")
+    num_chunks: int = option(8, type=positive_int, help="chunks of a batch sharing negatives")
+    degree_fraction: float = option(0.5, type=unit_float,
+                                    help="fraction of negatives drawn by degree (the rest uniformly)")
+    relation_init: str = option(
+        "normal", choices=("ones", "normal"),
+        help="relation embeddings start at the decoder's identity (ones) or ~ N(0, 1) (default): signed "
+             "relations keep DistMult/ComplEx from scoring (h, r, h) above true tails")
+    loss: str = option("softmax", choices=("softmax", "logistic", "margin"))
+    corrupt: str = option(
+        "both", choices=("both", "dst", "pair"),
+        help="ends the negatives replace: both (MariusGNN, summed), the destination only, or pair: negative "
+             "edges between two random nodes, columns (2k, 2k+1) of each chunk's negatives (OGB's "
+             "ogbl-ddi/collab baselines: --negatives 2 --num-chunks B, one random edge each)")
+    decoder_layers: int = option(3, type=positive_int,
+                                 help="--model mlp: linear layers of the MLP on s * r * o (OGB: 3)")
+    decoder_hidden: int | None = option(
+        None, type=positive_int, help="--model mlp: hidden width (default embedding dim); its dropout is --dropout")
+    margin: float = option(1.0, type=float, help="margin loss only")
+    regularization: float = option(
+        0.0, type=float, metavar="W",
+        help="N3 penalty W * mean(|s|^3 + |r|^3 + |o|^3) on each batch's positives (Lacroix et al.)")
+    optimizer: str = option("adagrad", choices=("adagrad", "adam"),
+                            help="optimizer of relation embeddings and encoder weights")
+    fanouts: tuple[int, ...] = option((10, 5), type=fanout_list,
+                                      help="encoder only: neighbours per hop, nearest first, one per layer")
+    hidden: int | None = option(None, type=positive_int, help="encoder hidden width (default embedding dim)")
+    dropout: float = option(0.0, type=unit_float, help="encoder (and --model mlp) dropout")
+    heads: int = option(2, type=positive_int, help="GAT heads")
+    eval_mode: str | None = option(
+        None, flag="--eval", choices=("filtered", "unfiltered", "ogb"),
+        help="ranking protocol (default ogb when the valid split ships negatives, else filtered)")
+    eval_every: int = option(1, type=positive_int, help="evaluate every N epochs (and after the last)")
+    eval_batch_size: int = option(256, type=positive_int,
+                                  help="positives ranked at once (memory: this x num_nodes scores)")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.corrupt == "pair" and self.negatives % 2:
+            raise ConfigError(f"--corrupt pair draws negative edges from pairs of negatives: --negatives must be "
+                              f"even (got {self.negatives})")
+        if self.model == "complex" and self.embedding_dim % 2:
+            raise ConfigError(f"--model complex needs an even --embedding-dim (got {self.embedding_dim})")
+        if self.encoder == "gat" and (self.hidden or self.embedding_dim) % self.heads and len(self.fanouts) > 1:
+            raise ConfigError(f"--encoder gat: the hidden width must be divisible by --heads {self.heads}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkPredictionConfig:
+    """The run as recorded in the metrics JSON and the checkpoint, and compared on resume:
+    the options with every default the store decides made explicit."""
+
+    options: LinkPredictionOptions
+    learnable_embeddings: bool
+    """Whether node inputs are learnable embeddings in the store (else the store's features)."""
+    learnable_embeddings_rule: str | None
+    """Why, when it is not what the flags alone say (None: recorded only when set)."""
+    eval: str
+    """The ranking protocol (``--eval``, or the split's default)."""
+    eval_corrupt: str
+    """Ends replaced in ranking: both for knowledge graphs, else dst."""
+    loader: EdgeLoaderSettings | None = None
+    """The loader's settings, once it exists; not compared on resume."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys and values the metrics JSON's ``config`` has always had (old checkpoints
+        compare equal), in the same order."""
+        out = self.options.to_dict()
+        del out["verbose"]
+        out["store"] = str(self.options.store)
+        out["learnable_embeddings"] = self.learnable_embeddings
+        if self.learnable_embeddings_rule is not None:
+            out["learnable_embeddings_rule"] = self.learnable_embeddings_rule
+        out.update(eval=self.eval, eval_corrupt=self.eval_corrupt)
+        if self.loader is not None:
+            out["loader"] = self.loader.to_dict()
+        return out
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Train a link predictor on a graphstore store.")
-    common.add_common_options(p)
-    p.set_defaults(lr=0.1, batch_size=1000)
-    p.add_argument("--model", choices=sorted(DECODERS), default="distmult", help="decoder (edge scorer)")
-    p.add_argument("--encoder", choices=ENCODERS, default="none", help="GNN encoder before the decoder")
-    p.add_argument("--scheme", choices=["minibatch", "disk"], default="minibatch")
-    p.add_argument("--policy", choices=["comet", "beta", "in_memory"],
-                   help="buffer policy (disk default comet)")
-    p.add_argument("--num-logical-partitions", type=common.positive_int, metavar="L",
-                   help="COMET's logical partitions (default MariusGNN's l = 2p/c)")
-    p.add_argument("--embedding-dim", type=common.positive_int, default=100,
-                   help="node representation width d")
-    p.add_argument("--embeddings", action="store_true",
-                   help="learn node embeddings even when the store has features")
-    p.add_argument("--embedding-scale", type=float, default=1e-3,
-                   help="initial embeddings ~ scale * N(0, 1) (MariusGNN: 0.001)")
-    p.add_argument("--embedding-lr", type=float, help="learning rate of the embeddings (default --lr)")
-    p.add_argument("--embedding-optimizer", choices=["adagrad", "adam"], default="adagrad",
-                   help="sparse optimizer of the embeddings: adagrad (MariusGNN; state in the store) or adam "
-                        "(as OGB's baselines; its first moment is kept in memory, so minibatch scheme only)")
-    p.add_argument("--negatives", type=common.positive_int, default=256, help="negatives per chunk")
-    p.add_argument("--num-chunks", type=common.positive_int, default=8,
-                   help="chunks of a batch sharing negatives")
-    p.add_argument("--degree-fraction", type=common.unit_float, default=0.5,
-                   help="fraction of negatives drawn by degree (the rest uniformly)")
-    p.add_argument("--relation-init", choices=["ones", "normal"], default="normal",
-                   help="relation embeddings start at the decoder's identity (ones) or ~ N(0, 1) (default): "
-                        "signed relations keep DistMult/ComplEx from scoring (h, r, h) above true tails")
-    p.add_argument("--loss", choices=["softmax", "logistic", "margin"], default="softmax")
-    p.add_argument("--corrupt", choices=["both", "dst", "pair"], default="both",
-                   help="ends the negatives replace: both (MariusGNN, summed), the destination only, or pair: "
-                        "negative edges between two random nodes, columns (2k, 2k+1) of each chunk's negatives "
-                        "(OGB's ogbl-ddi/collab baselines: --negatives 2 --num-chunks B, one random edge each)")
-    p.add_argument("--decoder-layers", type=common.positive_int, default=3,
-                   help="--model mlp: linear layers of the MLP on s * r * o (OGB: 3)")
-    p.add_argument("--decoder-hidden", type=common.positive_int,
-                   help="--model mlp: hidden width (default embedding dim); its dropout is --dropout")
-    p.add_argument("--margin", type=float, default=1.0, help="margin loss only")
-    p.add_argument("--regularization", type=float, default=0.0, metavar="W",
-                   help="N3 penalty W * mean(|s|^3 + |r|^3 + |o|^3) on each batch's positives "
-                        "(Lacroix et al.)")
-    p.add_argument("--optimizer", choices=["adagrad", "adam"], default="adagrad",
-                   help="optimizer of relation embeddings and encoder weights")
-    p.add_argument("--fanouts", type=common.fanout_list, default=(10, 5),
-                   help="encoder only: neighbours per hop, nearest first, one per layer")
-    p.add_argument("--hidden", type=common.positive_int, help="encoder hidden width (default embedding dim)")
-    p.add_argument("--dropout", type=common.unit_float, default=0.0, help="encoder (and --model mlp) dropout")
-    p.add_argument("--heads", type=common.positive_int, default=2, help="GAT heads")
-    p.add_argument("--eval", dest="eval_mode", choices=["filtered", "unfiltered", "ogb"],
-                   help="ranking protocol (default ogb when the valid split ships negatives, else filtered)")
-    p.add_argument("--eval-every", type=common.positive_int, default=1,
-                   help="evaluate every N epochs (and after the last)")
-    p.add_argument("--eval-batch-size", type=common.positive_int, default=256,
-                   help="positives ranked at once (memory: this x num_nodes scores)")
-    return p
+    return LinkPredictionOptions.build_parser()
 
 
 # ---------------------------------------------------------------------- embeddings
@@ -233,7 +293,7 @@ def link_prediction_loss(decoder, s: torch.Tensor, rel: torch.Tensor, o: torch.T
 class LinkModel(torch.nn.Module):
     """Optional GNN encoder + decoder; node inputs come from outside (embeddings or features)."""
 
-    def __init__(self, args, *, in_dim: int, num_relations: int) -> None:
+    def __init__(self, args: LinkPredictionOptions, *, in_dim: int, num_relations: int) -> None:
         super().__init__()
         dim = args.embedding_dim
         if args.model == "mlp":  # OGB's LinkPredictor on the Hadamard product
@@ -257,11 +317,12 @@ class LinkModel(torch.nn.Module):
 class Trainer:
     """One run's state: store, table, loader, model, optimizer; trains and evaluates epochs."""
 
-    def __init__(self, args, config: dict, store, device: torch.device) -> None:
+    def __init__(self, args: LinkPredictionOptions, config: LinkPredictionConfig, store,
+                 device: torch.device) -> None:
         self.args, self.config, self.store, self.device = args, config, store, device
         m = store.manifest
         self.num_relations = max(1, store.num_relations)
-        self.use_embeddings = config["learnable_embeddings"]
+        self.use_embeddings = config.learnable_embeddings
         self.table = None
         if self.use_embeddings and not args.resume:
             self.table = init_embeddings(store, args.embedding_dim, scale=args.embedding_scale,
@@ -314,8 +375,8 @@ class Trainer:
             x = self._inputs(g, rows)
             edge_type = g.rel[dense.edge_ids].to(self.device) if self.args.encoder == "rgcn" else None
             h = self.model.encoder(x, dense.to(self.device), edge_type=edge_type)
-            idx = {k: v.to(self.device) for k, v in batch.index.items()}
-            s, o, n = h[idx["src"]], h[idx["dst"]], h[idx["neg"]]
+            idx = batch.index.to(self.device)
+            s, o, n = h[idx.src], h[idx.dst], h[idx.neg]
         loss = link_prediction_loss(self.model.decoder, s, rel, o, n, chunk_of, corrupt=self.args.corrupt,
                                     kind=self.args.loss, margin=self.args.margin)
         if self.args.regularization:
@@ -410,7 +471,7 @@ class Trainer:
         dst = torch.from_numpy(split.dst.astype(np.int64)).to(self.device)
         rel = (torch.from_numpy(split.rel.astype(np.int64)) if split.rel is not None
                else torch.zeros(src.numel(), dtype=torch.int64)).to(self.device)
-        mode = self.config["eval"]
+        mode = self.config.eval
         if mode == "ogb":
             if split.neg_src is None or split.neg_dst is None or split.neg_dst.ndim != 1:
                 raise ConfigError(f"{self.store.path}: split {split_name!r} ships no negative edge pairs; "
@@ -437,7 +498,7 @@ class Trainer:
         n = self.store.num_nodes
         ranks = [full_ranks(tails, src, dst, n, rel=rel, known_src=known[0], known_dst=known[1],
                             known_rel=known[2], batch_size=self.args.eval_batch_size)]
-        if self.config["eval_corrupt"] == "both":
+        if self.config.eval_corrupt == "both":
             ranks.append(full_ranks(heads, dst, src, n, rel=rel, known_src=known[1], known_dst=known[0],
                                     known_rel=known[2], batch_size=self.args.eval_batch_size))
         return ranking_metrics(torch.cat(ranks), ks=RANK_KS)
@@ -450,39 +511,31 @@ class Trainer:
         return torch.cat(out).cpu()
 
 
-def resolve_config(args: argparse.Namespace, store) -> dict:
-    config = {k: v for k, v in vars(args).items() if k not in ("verbose",)}
-    config["fanouts"] = list(args.fanouts)
-    config["store"] = str(args.store)
+def resolve_config(args: LinkPredictionOptions, store) -> LinkPredictionConfig:
+    """The options as recorded and compared on resume (every choice made explicit)."""
     m = store.manifest
-    config["learnable_embeddings"] = bool(args.embeddings or not m.has_features or args.encoder == "none")
-    if args.encoder == "none" and m.has_features and not args.embeddings:
-        config["learnable_embeddings_rule"] = "encoder none: nothing but embeddings to learn"
     names = [n for n in store.split_names if m.split_kinds.get(n) == "edges"]
     for need in ("valid", "test"):
         if need not in names:
             raise ConfigError(f"{store.path}: link prediction needs a {need!r} edge split (edge splits: "
                               f"{', '.join(names) or 'none'})")
+    learnable = bool(args.embeddings or not m.has_features or args.encoder == "none")
+    rule = None
+    if args.encoder == "none" and m.has_features and not args.embeddings:
+        rule = "encoder none: nothing but embeddings to learn"
     if args.eval_mode is None:
         shipped = store.read_edge_split("valid").neg_src is not None
-        config["eval"] = "ogb" if shipped else "filtered"
+        eval_mode = "ogb" if shipped else "filtered"
     else:
-        config["eval"] = args.eval_mode
-    config["eval_corrupt"] = "both" if store.num_relations > 0 else "dst"
+        eval_mode = args.eval_mode
     if args.encoder == "rgcn" and not m.has_relations:
         raise ConfigError(f"{store.path}: --encoder rgcn needs relation types; the store has none "
                           "(use sage or gat)")
-    if args.corrupt == "pair" and args.negatives % 2:
-        raise ConfigError(f"--corrupt pair draws negative edges from pairs of negatives: --negatives must be even "
-                          f"(got {args.negatives})")
-    if args.embedding_optimizer == "adam" and config["learnable_embeddings"] and args.scheme != "minibatch":
+    if args.embedding_optimizer == "adam" and learnable and args.scheme != "minibatch":
         raise ConfigError("--embedding-optimizer adam keeps its first moment in memory: minibatch scheme only "
                           "(the disk scheme's embeddings keep Adagrad state in the store)")
-    if args.model == "complex" and args.embedding_dim % 2:
-        raise ConfigError(f"--model complex needs an even --embedding-dim (got {args.embedding_dim})")
-    if args.encoder == "gat" and (args.hidden or args.embedding_dim) % args.heads and len(args.fanouts) > 1:
-        raise ConfigError(f"--encoder gat: the hidden width must be divisible by --heads {args.heads}")
-    return config
+    return LinkPredictionConfig(options=args, learnable_embeddings=learnable, learnable_embeddings_rule=rule,
+                                eval=eval_mode, eval_corrupt="both" if store.num_relations > 0 else "dst")
 
 
 def _pick(record: dict | None) -> dict | None:
@@ -499,14 +552,13 @@ def _summary(metrics: dict[str, float] | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = common.parse_options(parser, argv)
+    args = LinkPredictionOptions.parse(argv)
     common.configure_logging(args.verbose)
     device = common.resolve_device(args.device)
     store = graphstore.open(args.store)
     try:  # the store's locks are released when the run ends, however it ends
         config = resolve_config(args, store)
-        if config["learnable_embeddings"] and store.mode != "r+":
+        if config.learnable_embeddings and store.mode != "r+":
             # The embeddings are written back into the store: take its writer lock (a second
             # trainer writing to the same store is refused at once).
             store.close()
@@ -516,22 +568,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.resume:
             path = ckpt.latest()
             state = ckpt.load(path)
-            common.check_resume_config(state["config"], {k: v for k, v in config.items() if k != "loader"}, path)
-            if config["learnable_embeddings"]:
+            common.check_resume_config(state["config"], config.to_dict(), path)
+            if config.learnable_embeddings:
                 common.restore_directory(path / "embeddings", Path(store.path) / EMBEDDINGS_ARRAY)
         trainer = Trainer(args, config, store, device)
-        config["loader"] = trainer.loader.settings
+        # The checkpoint's copy leaves the loader's settings out: they are not compared on resume.
+        saved_config = config.to_dict()
+        config = dataclasses.replace(config, loader=trainer.loader.settings)
         s = trainer.loader.settings
         print(f"{PROG}: {store}")
-        logical = f", logical partitions {s['num_logical_partitions']}" if "num_logical_partitions" in s else ""
+        logical = f", logical partitions {s.num_logical_partitions}" if s.num_logical_partitions is not None else ""
         inputs = "learnable embeddings" if trainer.use_embeddings else "features"
-        print(f"scheme {s['scheme']}: policy {s['policy']}, {s['capacity']} of {s['num_partitions']} partitions "
+        print(f"scheme {s.scheme}: policy {s.policy}, {s.capacity} of {s.num_partitions} partitions "
               f"resident{logical}; {inputs} d={args.embedding_dim}, encoder {args.encoder}, "
               f"decoder {args.model}; negatives {args.negatives} x {args.num_chunks} chunks "
               f"(degree fraction {args.degree_fraction:g}); "
-              f"eval {config['eval']} ({config['eval_corrupt']})", flush=True)
+              f"eval {config.eval} ({config.eval_corrupt})", flush=True)
 
-        metrics = common.MetricsWriter(args.metrics_out, task="link_prediction", config=config)
+        metrics = common.MetricsWriter(args.metrics_out, task="link_prediction", config=config.to_dict())
         start_epoch, history, resumed_from = 0, [], None
         if state is not None:
             trainer.model.load_state_dict(state["model"])
@@ -542,7 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             start_epoch, history, resumed_from = state["epoch"] + 1, state["history"], state["epoch"]
             print(f"resumed from {ckpt.latest()} (epoch {state['epoch']} done)", flush=True)
 
-        key = "hits@20" if config["eval"] == "ogb" else "mrr"
+        key = "hits@20" if config.eval == "ogb" else "mrr"
         evaluated = [h for h in history if h["valid"]]
         best = max(evaluated, key=lambda h: h["valid"][key], default=None)
         for epoch in range(start_epoch, args.epochs):
@@ -570,7 +624,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # by the buffer at the epoch's end, so the copy is the epoch's final state).
                 snapshots = ({"embeddings": Path(store.path) / EMBEDDINGS_ARRAY} if trainer.use_embeddings
                              else None)
-                saved_config = {k: v for k, v in config.items() if k != "loader"}
                 ckpt.save(epoch, {"epoch": epoch, "model": trainer.model.state_dict(),
                                   "optimizer": trainer.optimizer.state_dict(),
                                   "embedding_adam": trainer.embedding_adam, "rng": common.rng_state(),

@@ -15,6 +15,7 @@ reference), ``megabatch`` HierBatching's mega-batches (a quarter of the partitio
 static cache of 1 % of nodes, reuse 2), ``disk`` MariusGNN's node policies (half the
 partitions). The loader's choices are printed at the start and recorded in the metrics.
 ``microbatch`` (Betty) is the minibatch data path with every batch split into micro-batches
+by the loader (its ``MicroBatchSplit`` stage)
 (`graphstore.sample.split_dense`), K fixed or the fewest whose estimated training-step
 memory fits ``--micro-batch-budget`` (`graphstore.nn.estimate_step_memory`); their
 gradients accumulate, weighted by each micro-batch's share of the labelled targets, into the
@@ -49,67 +50,146 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch.nn import functional as F
 
 import graphstore
 from graphstore.errors import ConfigError
-from graphstore.loaders import NodeLoader
+from graphstore.buffer import POLICIES as POLICY_REGISTRY
+from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
+from graphstore.loaders import NodeLoader, NodeLoaderSettings
 from graphstore.nn import GNN, layer_degrees, micro_batch_backward, step_estimator
-from graphstore.sample import choose_micro_batches, split_dense
+from graphstore.sample import STRATEGIES as STRATEGY_REGISTRY
 
 try:
     from trainers import common
+    from trainers.options import CommonOptions, byte_size, fanout_list, option, positive_int, unit_float
 except ImportError:  # run as a script
     import common
+    from options import CommonOptions, byte_size, fanout_list, option, positive_int, unit_float
 
 PROG = "node_classification.py"
 FULL_EVAL_MAX_EDGES = 10_000_000
 """Up to this many edges, evaluation samples every neighbour (exact); above, the training fanouts."""
+# The choices of --model, --scheme, --eval-scheme, --policy and --micro-strategy: the
+# registries' (a scheme, policy or strategy registered before this module is imported is a
+# choice, and --help lists each with its summary).
 MODELS = ("sage", "gcn", "gat", "gin")
+SCHEMES = SCHEME_REGISTRY.names(lambda s: "node" in s.tasks)
+EVAL_SCHEMES = SCHEME_REGISTRY.names(lambda s: "node" in s.tasks and not s.split_batches)
+POLICIES = POLICY_REGISTRY.names(lambda p: p.task in ("node", "both"))
+MICRO_STRATEGIES = STRATEGY_REGISTRY.names()
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeClassificationOptions(CommonOptions):
+    """This script's options: the common ones, then the model's and the loader's."""
+
+    prog: ClassVar[str] = PROG
+    description: ClassVar[str] = "Train a GNN node classifier on a graphstore store."
+
+    model: str = option("sage", choices=MODELS, help="GNN layer kind")
+    scheme: str = option("minibatch", choices=SCHEMES,
+                         help=SCHEME_REGISTRY.help_text(lambda s: "node" in s.tasks))
+    micro_batches: int | None = option(
+        None, type=positive_int, metavar="K",
+        help="split every batch into K micro-batches (Betty); with megabatch or disk too")
+    micro_batch_budget: int | None = option(
+        None, type=byte_size, metavar="BYTES",
+        help="split every batch into the fewest micro-batches whose estimated training-step memory fits BYTES")
+    micro_strategy: str = option(
+        "reg", choices=MICRO_STRATEGIES,
+        help="how targets are grouped into micro-batches: " + STRATEGY_REGISTRY.help_text())
+    policy: str | None = option(None, choices=POLICIES, help="buffer policy (default by scheme): "
+                                + POLICY_REGISTRY.help_text(lambda p: p.task in ("node", "both")))
+    reuse: int | None = option(None, type=positive_int, help="passes over each mega-batch (megabatch default 2)")
+    static_cache: float | None = option(
+        None, type=unit_float, metavar="R",
+        help="fraction of nodes (highest degree) kept in a static cache (megabatch default 0.01)")
+    fanouts: tuple[int, ...] = option(
+        (15, 10), type=fanout_list,
+        help="neighbours per hop, nearest hop first; -1 = all; one per layer (default 15,10)")
+    eval_fanouts: tuple[int, ...] | None = option(
+        None, type=fanout_list,
+        help=f"fanouts for evaluation (default: all neighbours up to {FULL_EVAL_MAX_EDGES:,} edges, "
+             "else the training fanouts)")
+    eval_batch_size: int | None = option(
+        None, type=positive_int, metavar="B",
+        help="targets per evaluation batch (default --batch-size); evaluation keeps no gradients, so it "
+             "can take larger batches than training")
+    eval_scheme: str | None = option(
+        None, choices=EVAL_SCHEMES,
+        help="scheme of evaluation (default --scheme; minibatch = in memory, for graphs that fit)")
+    hidden: int = option(64, type=positive_int, help="hidden width")
+    dropout: float = option(0.5, type=unit_float)
+    weight_decay: float = option(5e-4, type=float)
+    heads: int = option(4, type=positive_int, help="GAT attention heads")
+    normalize_features: str = option(
+        "none", choices=("none", "row"),
+        help="row: divide each input feature row by its L1 norm (PyG's NormalizeFeatures), per batch, "
+             "so it works out of core")
+    lr_schedule: str = option("none", choices=("none", "cosine"),
+                              help="cosine: anneal the learning rate per epoch from --lr towards 0")
+
+    @property
+    def micro_batching(self) -> bool:
+        """Whether batches are split (``--micro-batches`` or ``--micro-batch-budget``)."""
+        return self.micro_batches is not None or self.micro_batch_budget is not None
+
+    def validate(self) -> None:
+        super().validate()
+        if self.eval_fanouts is not None and len(self.eval_fanouts) != len(self.fanouts):
+            raise ConfigError(f"--eval-fanouts needs one fanout per layer ({len(self.fanouts)}; "
+                              f"got {len(self.eval_fanouts)})")
+        if self.micro_batches is not None and self.micro_batch_budget is not None:
+            raise ConfigError("give --micro-batches or --micro-batch-budget, not both")
+        if self.scheme == "microbatch" and not self.micro_batching:
+            raise ConfigError("--scheme microbatch needs --micro-batches K or --micro-batch-budget BYTES")
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeClassificationConfig:
+    """The run as recorded in the metrics JSON and the checkpoint, and compared on resume:
+    the options with every default the store decides made explicit."""
+
+    options: NodeClassificationOptions
+    eval_fanouts: tuple[int, ...]
+    """Evaluation's fanouts, one per layer (given, or chosen by the store's size)."""
+    eval_fanouts_rule: str
+    """Why those: "given", or the rule that chose them."""
+    eval_batch_size: int
+    """Targets per evaluation batch (``--eval-batch-size``, else ``--batch-size``)."""
+    eval_scheme: str
+    """Evaluation's scheme (``--eval-scheme``, else the loaders' scheme)."""
+    loader_scheme: str
+    """The data path of the loaders: microbatch's is minibatch's (the training loader runs
+    the microbatch scheme, which is minibatch plus the split)."""
+    loaders: Mapping[str, NodeLoaderSettings] | None = None
+    """Each loader's settings by split, once the loaders exist."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.options.fanouts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys and values the metrics JSON's ``config`` has always had (old checkpoints
+        compare equal), in the same order."""
+        out = self.options.to_dict()
+        del out["verbose"]
+        out.update(eval_fanouts=list(self.eval_fanouts), eval_fanouts_rule=self.eval_fanouts_rule,
+                   num_layers=self.num_layers, eval_batch_size=self.eval_batch_size,
+                   loader_scheme=self.loader_scheme, micro_batching=self.options.micro_batching,
+                   eval_scheme=self.eval_scheme, store=str(self.options.store))
+        if self.loaders is not None:
+            out["loaders"] = {name: settings.to_dict() for name, settings in self.loaders.items()}
+        return out
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Train a GNN node classifier on a graphstore store.")
-    common.add_common_options(p)
-    p.add_argument("--model", choices=MODELS, default="sage", help="GNN layer kind")
-    p.add_argument("--scheme", choices=["minibatch", "megabatch", "disk", "microbatch"], default="minibatch",
-                   help="microbatch = minibatch (in memory) with each batch split into micro-batches")
-    p.add_argument("--micro-batches", type=common.positive_int, metavar="K",
-                   help="split every batch into K micro-batches (Betty); with megabatch or disk too")
-    p.add_argument("--micro-batch-budget", type=common.byte_size, metavar="BYTES",
-                   help="split every batch into the fewest micro-batches whose estimated training-step "
-                        "memory fits BYTES")
-    p.add_argument("--micro-strategy", choices=["reg", "metis", "random", "range"], default="reg",
-                   help="how targets are grouped into micro-batches (reg: Betty's shared-neighbour graph)")
-    p.add_argument("--policy", choices=["sequential", "dispersed", "hierbatching", "in_memory"],
-                   help="buffer policy (default by scheme)")
-    p.add_argument("--reuse", type=common.positive_int,
-                   help="passes over each mega-batch (megabatch default 2)")
-    p.add_argument("--static-cache", type=common.unit_float, metavar="R",
-                   help="fraction of nodes (highest degree) kept in a static cache (megabatch default 0.01)")
-    p.add_argument("--fanouts", type=common.fanout_list, default=(15, 10),
-                   help="neighbours per hop, nearest hop first; -1 = all; one per layer (default 15,10)")
-    p.add_argument("--eval-fanouts", type=common.fanout_list,
-                   help=f"fanouts for evaluation (default: all neighbours up to {FULL_EVAL_MAX_EDGES:,} "
-                        "edges, else the training fanouts)")
-    p.add_argument("--eval-batch-size", type=common.positive_int, metavar="B",
-                   help="targets per evaluation batch (default --batch-size); evaluation keeps no "
-                        "gradients, so it can take larger batches than training")
-    p.add_argument("--eval-scheme", choices=["minibatch", "megabatch", "disk"],
-                   help="scheme of evaluation (default --scheme; minibatch = in memory, for graphs that fit)")
-    p.add_argument("--hidden", type=common.positive_int, default=64, help="hidden width")
-    p.add_argument("--dropout", type=common.unit_float, default=0.5)
-    p.add_argument("--weight-decay", type=float, default=5e-4)
-    p.add_argument("--heads", type=common.positive_int, default=4, help="GAT attention heads")
-    p.add_argument("--normalize-features", choices=["none", "row"], default="none",
-                   help="row: divide each input feature row by its L1 norm (PyG's NormalizeFeatures), "
-                        "per batch, so it works out of core")
-    p.add_argument("--lr-schedule", choices=["none", "cosine"], default="none",
-                   help="cosine: anneal the learning rate per epoch from --lr towards 0")
-    return p
+    return NodeClassificationOptions.build_parser()
 
 
 def normalize_rows(x: torch.Tensor) -> torch.Tensor:
@@ -118,90 +198,87 @@ def normalize_rows(x: torch.Tensor) -> torch.Tensor:
     return x / torch.where(norm > 0, norm, torch.ones_like(norm))
 
 
-def prepare(batch, args: argparse.Namespace | None):
+def prepare(batch, args: NodeClassificationOptions | None):
     """The batch as the model sees it: input rows row-normalised with ``--normalize-features row``."""
     if args is None or getattr(args, "normalize_features", "none") == "none":
         return batch
     return dataclasses.replace(batch, features=normalize_rows(batch.features.float()))
 
 
-def epoch_lr(args: argparse.Namespace, epoch: int) -> float:
+def epoch_lr(args: NodeClassificationOptions, epoch: int) -> float:
     """The learning rate of ``epoch`` (0-based) under ``--lr-schedule``."""
     if args.lr_schedule == "cosine":
         return args.lr * 0.5 * (1.0 + math.cos(math.pi * epoch / args.epochs))
     return args.lr
 
 
-def resolve_config(args: argparse.Namespace, store) -> dict:
+def resolve_config(args: NodeClassificationOptions, store) -> NodeClassificationConfig:
     """The options as recorded and compared on resume (every choice made explicit)."""
-    config = {k: v for k, v in vars(args).items() if k not in ("verbose",)}
-    config["fanouts"] = list(args.fanouts)
     if args.eval_fanouts is not None:
-        config["eval_fanouts"], config["eval_fanouts_rule"] = list(args.eval_fanouts), "given"
+        eval_fanouts, rule = args.eval_fanouts, "given"
     elif store.num_edges <= FULL_EVAL_MAX_EDGES:
-        config["eval_fanouts"] = [-1] * len(args.fanouts)
-        config["eval_fanouts_rule"] = f"all neighbours (store has <= {FULL_EVAL_MAX_EDGES} edges)"
+        eval_fanouts = (-1,) * len(args.fanouts)
+        rule = f"all neighbours (store has <= {FULL_EVAL_MAX_EDGES} edges)"
     else:
-        config["eval_fanouts"] = list(args.fanouts)
-        config["eval_fanouts_rule"] = f"training fanouts (store has > {FULL_EVAL_MAX_EDGES} edges)"
-    if len(config["eval_fanouts"]) != len(args.fanouts):
-        raise ConfigError(f"--eval-fanouts needs one fanout per layer ({len(args.fanouts)}; "
-                          f"got {len(config['eval_fanouts'])})")
-    config["num_layers"] = len(args.fanouts)
-    config["eval_batch_size"] = args.eval_batch_size or args.batch_size
-    micro = args.micro_batches is not None or args.micro_batch_budget is not None
-    if args.micro_batches is not None and args.micro_batch_budget is not None:
-        raise ConfigError("give --micro-batches or --micro-batch-budget, not both")
-    if args.scheme == "microbatch" and not micro:
-        raise ConfigError("--scheme microbatch needs --micro-batches K or --micro-batch-budget BYTES")
+        eval_fanouts, rule = args.fanouts, f"training fanouts (store has > {FULL_EVAL_MAX_EDGES} edges)"
     # The data path of microbatch is the in-memory minibatch loader; other schemes may split
     # their batches too (micro-batches inside a mega-batch).
-    config["loader_scheme"] = "minibatch" if args.scheme == "microbatch" else args.scheme
-    config["micro_batching"] = micro
-    config["eval_scheme"] = args.eval_scheme or config["loader_scheme"]
-    config["store"] = str(args.store)
-    return config
+    loader_scheme = "minibatch" if args.scheme == "microbatch" else args.scheme
+    return NodeClassificationConfig(options=args, eval_fanouts=eval_fanouts, eval_fanouts_rule=rule,
+                                    eval_batch_size=args.eval_batch_size or args.batch_size,
+                                    eval_scheme=args.eval_scheme or loader_scheme, loader_scheme=loader_scheme)
 
 
-def make_loaders(store, args, config) -> dict[str, NodeLoader]:
-    common_kw = dict(scheme=config["loader_scheme"], policy=args.policy, capacity=args.buffer_partitions,
+def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificationConfig,
+                 model: GNN | None = None) -> dict[str, NodeLoader]:
+    """The train loader (with micro-batching when asked; a budget needs ``model`` for its
+    step-memory estimate) and the valid and test loaders."""
+    common_kw = dict(scheme=config.loader_scheme, policy=args.policy, capacity=args.buffer_partitions,
                      buffer_bytes=args.buffer_bytes, static_cache=args.static_cache, seed=args.seed,
                      prefetch=args.prefetch)
+    micro_kw = {}
+    if args.micro_batching:
+        micro_kw = dict(micro_batches=args.micro_batches, micro_batch_budget=args.micro_batch_budget,
+                        micro_strategy=args.micro_strategy,
+                        step_estimator=step_estimator(model) if args.micro_batch_budget is not None else None)
     loaders = {"train": NodeLoader(store, split="train", fanouts=args.fanouts, batch_size=args.batch_size,
-                                   reuse=args.reuse, shuffle=True, **common_kw)}
+                                   reuse=args.reuse, shuffle=True, **dict(common_kw, scheme=args.scheme),
+                                   **micro_kw)}
     eval_kw = dict(common_kw, seed=args.seed + 1)
-    if config["eval_scheme"] != config["loader_scheme"]:  # the buffer flags describe the training scheme
-        eval_kw.update(scheme=config["eval_scheme"], policy=None, capacity=None, buffer_bytes=None,
+    if config.eval_scheme != config.loader_scheme:  # the buffer flags describe the training scheme
+        eval_kw.update(scheme=config.eval_scheme, policy=None, capacity=None, buffer_bytes=None,
                        static_cache=None)
     for split in ("valid", "test"):
         # reuse=1 and no shuffle: every target exactly once. A distinct seed keeps evaluation's
         # neighbour samples independent of training's (only matters with sampled fanouts).
         kw = eval_kw
-        loaders[split] = NodeLoader(store, split=split, fanouts=config["eval_fanouts"],
-                                    batch_size=config["eval_batch_size"], reuse=1, shuffle=False, **kw)
+        loaders[split] = NodeLoader(store, split=split, fanouts=config.eval_fanouts,
+                                    batch_size=config.eval_batch_size, reuse=1, shuffle=False, **kw)
     return loaders
 
 
 def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, seed: int,
-                args: argparse.Namespace | None = None, micro_stats: dict | None = None) -> tuple[float, int]:
-    """One pass; returns (mean loss over targets, number of targets trained). With
-    micro-batching, each batch's gradient is accumulated over its micro-batches (weighted by
-    their share of the labelled targets: the same update as the whole batch) before one step."""
+                args: NodeClassificationOptions | None = None) -> tuple[float, int]:
+    """One pass; returns (mean loss over targets, number of targets trained). A batch the
+    loader split into micro-batches (`NodeBatch.micro_batches`) accumulates its gradient
+    over them (weighted by their share of the labelled targets: the same update as the
+    whole batch) before the one optimizer step."""
     model.train()
     # Dropout draws from torch's global generator: seeded per epoch so a resumed run replays it.
     common.seed_everything(common.epoch_seed(seed, epoch, salt=11))
-    micro = args is not None and (args.micro_batches is not None or args.micro_batch_budget is not None)
     total, count = 0.0, 0
     # An epoch's batches are a function of (seed, epoch) alone, whatever the buffer kept
     # from the previous epoch (graphstore.loaders), so a resumed run replays it exactly.
-    for step, batch in enumerate(common.progress(loader.epoch(epoch), desc=f"epoch {epoch}",
-                                                 total=loader.num_batches(epoch))):
+    for batch in common.progress(loader.epoch(epoch), desc=f"epoch {epoch}", total=loader.num_batches(epoch)):
         batch = prepare(batch, args)
         labels = batch.labels.to(device)
         optimizer.zero_grad(set_to_none=True)
-        if micro:
-            loss = _micro_step(model, batch, args, seed=common.epoch_seed(seed, epoch, salt=13) + step,
-                               stats=micro_stats, device=device)
+        if batch.micro_batches is not None:
+            # The parent batch stays on the host; each micro-batch moves to ``device`` as it
+            # runs, so the device holds one micro-batch, which is what a budget counts. GCN
+            # normalises by degree: every micro-batch gets its parent's (the whole batch's).
+            degrees = layer_degrees(batch.dense)[0] if args is not None and args.model == "gcn" else None
+            loss = micro_batch_backward(model, batch, list(batch.micro_batches), degrees=degrees, device=device)
         else:
             out = model(batch.features.to(device, non_blocking=True), batch.dense.to(device))
             loss = F.cross_entropy(out, labels, ignore_index=-1)
@@ -215,35 +292,9 @@ def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, see
     return total / count, count
 
 
-def _micro_step(model, batch, args, *, seed: int, stats: dict | None, device) -> torch.Tensor:
-    """Split the batch (fixed K, or the fewest fitting the budget) and accumulate gradients.
-
-    The parent batch stays on the host; `micro_batch_backward` moves each micro-batch to
-    ``device`` as it runs, so the device holds one micro-batch, which is what the budget
-    counts. With a budget, the search for K starts from the epoch's previous batch's K
-    (``stats["last_k"]``; each epoch starts from 1, so a resumed run chooses the same K)."""
-    if args.micro_batch_budget is not None:
-        start = stats.get("last_k", 1) if stats is not None else 1
-        parts = choose_micro_batches(batch.dense, args.micro_batch_budget, estimator=step_estimator(model),
-                                     strategy=args.micro_strategy, seed=seed, start_k=start)
-    else:
-        parts = split_dense(batch.dense, min(args.micro_batches, batch.dense.num_targets),
-                            strategy=args.micro_strategy, seed=seed)
-    if stats is not None:
-        stats["batches"] = stats.get("batches", 0) + 1
-        stats["micro_batches"] = stats.get("micro_batches", 0) + len(parts)
-        stats["max_k"] = max(stats.get("max_k", 0), len(parts))
-        stats["last_k"] = len(parts)
-        stats["input_rows"] = stats.get("input_rows", 0) + sum(int(p.dense.num_nodes) for p in parts)
-        stats["batch_input_rows"] = stats.get("batch_input_rows", 0) + int(batch.dense.num_nodes)
-    # GCN normalises by degree: give every micro-batch its parent's (the whole batch's) degrees.
-    degrees = layer_degrees(batch.dense)[0] if args.model == "gcn" else None
-    return micro_batch_backward(model, batch, parts, degrees=degrees, device=device)
-
-
 @torch.no_grad()
 def evaluate(model, loader: NodeLoader, epoch: int, device,
-             args: argparse.Namespace | None = None) -> dict[str, float]:
+             args: NodeClassificationOptions | None = None) -> dict[str, float]:
     """Accuracy and mean cross-entropy over the split; every target is seen exactly once
     (checked). The loss shows overfitting that accuracy on a small split hides."""
     model.eval()
@@ -256,7 +307,7 @@ def evaluate(model, loader: NodeLoader, epoch: int, device,
         correct += int((logits[mask].argmax(1) == labels[mask]).sum())
         loss_sum += float(F.cross_entropy(logits[mask], labels[mask], reduction="sum")) if mask.any() else 0.0
         seen += int(mask.sum())
-    expected = loader.settings["num_targets"]
+    expected = loader.settings.num_targets
     if seen != expected:
         raise ConfigError(f"evaluation on {loader.split!r} saw {seen} labelled targets, expected {expected} "
                           "(every target exactly once)")
@@ -264,8 +315,7 @@ def evaluate(model, loader: NodeLoader, epoch: int, device,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = common.parse_options(parser, argv)
+    args = NodeClassificationOptions.parse(argv)
     common.configure_logging(args.verbose)
     device = common.resolve_device(args.device)
     store = graphstore.open(args.store)
@@ -274,27 +324,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"{args.store}: node classification needs features and labels "
                               f"(features: {store.manifest.has_features}, labels: {store.manifest.has_labels})")
         config = resolve_config(args, store)
-        loaders = make_loaders(store, args, config)
-        config["loaders"] = {name: loader.settings for name, loader in loaders.items()}
-        s = loaders["train"].settings
-        print(f"{PROG}: {store}")
-        print(f"scheme {s['scheme']}: policy {s['policy']}, {s['capacity']} of {s['num_partitions']} partitions "
-              f"resident, static cache {s['static_cache_nodes']} nodes ({s['static_cache_fraction']:g}), "
-              f"reuse {s['reuse']}, fanouts {s['fanouts']}; evaluation: scheme {config['eval_scheme']}, fanouts "
-              f"{config['eval_fanouts']} ({config['eval_fanouts_rule']})", flush=True)
-
         common.seed_everything(args.seed)  # model initialisation
         model = GNN(args.model, in_dim=store.feature_dim, hidden_dim=args.hidden, out_dim=store.num_classes,
                     num_layers=len(args.fanouts), dropout=args.dropout, heads=args.heads).to(device)
+        # After the model: a micro-batch budget is checked against its step-memory estimate.
+        # (Building the loaders draws nothing from torch's global generator, and every epoch
+        # reseeds it, so the order changes no result.)
+        loaders = make_loaders(store, args, config, model)
+        config = dataclasses.replace(config, loaders={name: loader.settings for name, loader in loaders.items()})
+        s = loaders["train"].settings
+        print(f"{PROG}: {store}")
+        print(f"scheme {s.scheme}: policy {s.policy}, {s.capacity} of {s.num_partitions} partitions "
+              f"resident, static cache {s.static_cache_nodes} nodes ({s.static_cache_fraction:g}), "
+              f"reuse {s.reuse}, fanouts {list(s.fanouts)}; evaluation: scheme {config.eval_scheme}, fanouts "
+              f"{list(config.eval_fanouts)} ({config.eval_fanouts_rule})", flush=True)
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-        metrics = common.MetricsWriter(args.metrics_out, task="node_classification", config=config)
+        metrics = common.MetricsWriter(args.metrics_out, task="node_classification", config=config.to_dict())
         ckpt = common.Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None
 
         start_epoch, history, resumed_from = 0, [], None
         if args.resume:
             path = ckpt.latest()
             state = ckpt.load(path)
-            common.check_resume_config(state["config"], config, path)
+            common.check_resume_config(state["config"], config.to_dict(), path)
             if args.lr_schedule != "none" and state["config"].get("epochs") != args.epochs:
                 raise ConfigError(f"{path}: --lr-schedule {args.lr_schedule} depends on --epochs; the checkpoint "
                                   f"has {state['config'].get('epochs')}, resume with the same --epochs")
@@ -307,12 +359,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         best = max(history, key=lambda h: h["valid"]["acc"], default=None)
         for epoch in range(start_epoch, args.epochs):
             t0 = time.perf_counter()
-            micro_stats: dict = {}
             lr = epoch_lr(args, epoch)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss, n = train_epoch(model, optimizer, loaders["train"], epoch, device, seed=args.seed, args=args,
-                                  micro_stats=micro_stats)
+            loss, n = train_epoch(model, optimizer, loaders["train"], epoch, device, seed=args.seed, args=args)
             common.finite_or_raise(loss, epoch)
             t1 = time.perf_counter()
             valid = evaluate(model, loaders["valid"], epoch, device, args)
@@ -320,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             t2 = time.perf_counter()
             io = common.io_stats([loaders["train"].last_stats])
             record = {"epoch": epoch, "lr": lr, "train_loss": loss, "train_targets": n, "valid": valid, "test": test,
-                      "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io, "micro_batching": micro_stats or None,
+                      "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io, "micro_batching": loaders["train"].micro_stats or None,
                       "eval_io": common.io_stats([loaders["valid"].last_stats, loaders["test"].last_stats])}
             history.append(record)
             if best is None or valid["acc"] > best["valid"]["acc"]:
@@ -331,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if ckpt is not None:
                 ckpt.save(epoch, {"epoch": epoch, "model": model.state_dict(),
                                   "optimizer": optimizer.state_dict(), "rng": common.rng_state(),
-                                  "history": history, "config": config})
+                                  "history": history, "config": config.to_dict()})
             metrics.write(epochs=history, resumed_from=resumed_from,
                           final={"epoch": epoch, "valid": valid, "test": test},
                           best={"epoch": best["epoch"], "valid": best["valid"], "test": best["test"]})

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from graphstore.buffer.cache import StaticCache
-from graphstore.buffer.memory import lookahead_within, slots_needed
 from graphstore.buffer.policies import plan_epoch
+from graphstore.buffer.slots import lookahead_within, slots_needed
 from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
 

@@ -14,7 +14,7 @@ A state's tensors are the buffer's own memory: they are valid until the consumer
 the next state (as with a DataLoader's shared memory), when the loader may reuse the slots.
 
 Reads are incremental and coalesced: which slot each partition takes, and so which
-partitions must be read, is planned before the epoch (`graphstore.buffer.memory.assign_slots`);
+partitions must be read, is planned before the epoch (`graphstore.buffer.slots.assign_slots`);
 partitions found in their slots are not read again, and neither are buckets between two
 held partitions; new partitions with consecutive ids in consecutive slots are read as one
 row range; needed buckets whose byte ranges abut in ``edges/src``, ``edges/dst`` (and
@@ -51,10 +51,10 @@ import numpy as np
 import torch
 
 from graphstore.buffer.cache import StaticCache
-from graphstore.buffer.memory import BufferMemory, SlotPlan, assign_slots, slots_needed
 from graphstore.buffer.resident import Bucket, ResidentGraph, assemble_resident_graph, fill_cache_rows
+from graphstore.buffer.slots import BufferMemory, SlotPlan, assign_slots, slots_needed
 from graphstore.errors import BufferClosedError, ConfigError, StoreWriteError
-from graphstore.layout._chunkio import ReadStats
+from graphstore.layout import ReadStats
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
 

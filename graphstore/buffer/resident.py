@@ -1,6 +1,6 @@
 """The resident graph: what the samplers see of the partitions currently in the buffer.
 
-Local ids are buffer rows (`graphstore.buffer.memory`): partition k in slot z is local ids
+Local ids are buffer rows (`graphstore.buffer.slots`): partition k in slot z is local ids
 ``[z*P, z*P + P_k)``, row r being store id ``k*P + r``; static-cache node i (when the
 buffer has a cache and i's partition is not resident) is local id ``cache_start + i``.
 Rows of empty slots, the padding after a short last partition, and cache rows whose
@@ -25,7 +25,7 @@ import torch
 from graphstore.buffer import _native as native
 from graphstore.buffer._native import EdgePart
 from graphstore.buffer.cache import StaticCache
-from graphstore.buffer.memory import BufferMemory
+from graphstore.buffer.slots import BufferMemory
 from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
 
@@ -123,6 +123,37 @@ class ResidentGraph:
         if ids.size and (ids.min() < 0 or ids.max() >= len(self.slot_of) * P):
             raise ConfigError(f"store ids must be in [0, {len(self.slot_of) * P})")
         return torch.from_numpy(_local_ids(ids, self.slot_of, P, self.cache_ids, self.cache_start))
+
+    def training_edges(self, bucket_states: np.ndarray | None,
+                       state: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The resident edges state ``state`` trains: ``(src, dst, positions)``, int64 local
+        ids of each edge's ends and its position in ``indices``/``rel``.
+
+        An edge of bucket (i, j) trains here when ``bucket_states[i, j] == state`` (a link
+        plan's assignment; None: every bucket). Static-cache copies of hub edges and vacant
+        rows are never training edges. Edges come ordered by destination store id (stable,
+        so by source store id within one): the order does not depend on which slots the
+        partitions occupy (earlier epochs decide that), so a resumed run draws the same.
+        """
+        P, p = self.partition_size, len(self.slot_of)
+        ids = self.node_ids
+        dst = torch.repeat_interleave(torch.arange(self.num_nodes), self.indptr.diff())
+        src = self.indices
+        keep = (ids[src] >= 0) & (ids[src] // P < p)
+        if self.cache_ids.size:  # the cache's copies of hub edges are also in their buckets
+            keep &= (src < self.cache_start) & (dst < self.cache_start)
+        if bucket_states is not None:
+            state_of = torch.from_numpy(np.asarray(bucket_states).astype(np.int64))
+            keep &= state_of[ids[src] // P, ids[dst] // P] == state
+        edges = torch.nonzero(keep).flatten()
+        edges = edges[torch.argsort(ids[dst[edges]], stable=True)]
+        return src[edges], dst[edges], edges
+
+    def resident_nodes(self) -> torch.Tensor:
+        """int64 local ids of the occupied rows, in store-id order (slot-independent, as
+        `training_edges`)."""
+        resident = torch.nonzero(self.node_ids >= 0).flatten()
+        return resident[torch.argsort(self.node_ids[resident])]
 
 
 def fill_cache_rows(memory: BufferMemory, cache: StaticCache, store: Store) -> int:

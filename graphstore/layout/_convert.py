@@ -53,6 +53,7 @@ from graphstore.layout._writer import StoreWriter, write_node_arrays, write_spli
 from graphstore.layout.base import FORMAT_VERSION, MANIFEST_KEY, Manifest, index_dtype_for
 from graphstore.layout.partition import partition_nodes, store_order
 from graphstore.layout.sources.base import SourceGraph
+from graphstore.units import jsonable
 
 __all__ = ["ConvertOptions", "convert"]
 
@@ -296,13 +297,13 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
         tasks=list(graph.tasks),
         splits=split_counts,
         split_kinds=split_kinds,
-        split_origin=_jsonable(graph.split_origin),
+        split_origin=jsonable(graph.split_origin),
         source={
             "name": graph.name,
             "format": graph.format,
             "path": str(graph.path),
             "files": {k: str(v) for k, v in graph.files.items()},
-            "extra": _jsonable(graph.extra),
+            "extra": jsonable(graph.extra),
         },
         partitioner={
             "method": method,
@@ -311,7 +312,7 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
             "num_partitions_rule": p_rule,
             "edge_cut": cut_edges / num_edges if num_edges else 0.0,
             "cut_edges": int(cut_edges),
-            "info": _jsonable(partition_info),
+            "info": jsonable(partition_info),
         },
         conversion={**edge_counts, "duplicates_merged": edge_counts["staged_edges"] - num_edges,
                     "keep_self_loops": _keeps_self_loops(graph, opts),
@@ -324,21 +325,6 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
     # The manifest goes in last: until it is there, `open` refuses the directory.
     root.attrs[MANIFEST_KEY] = manifest.to_json()
     return manifest
-
-
-def _jsonable(value: Any) -> Any:
-    """Turn numpy scalars/arrays and tuples inside reader metadata into JSON types."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 def _check_source_shape(graph: SourceGraph) -> None:

@@ -96,12 +96,25 @@ class HubIndex:
 
 def hub_ids(degrees: np.ndarray, fraction: float) -> np.ndarray:
     """Store ids of the ``ceil(fraction * N)`` highest ``degrees``, ties to the lower id,
-    ascending (HierBatching's static cache)."""
+    ascending (HierBatching's static cache).
+
+    The one rule for the cache's nodes: the hub group is written with it (streamed, by
+    `_top_degree_ids`) and the buffer chooses with it (`graphstore.buffer.cache`).
+
+    Examples
+    --------
+    >>> hub_ids(np.array([3, 9, 1, 9, 4]), 0.5).tolist()
+    [1, 3, 4]
+    """
     deg = np.asarray(degrees)
-    k = math.ceil(fraction * len(deg))
-    # A stable sort on the negated degree keeps equal degrees in id order. Widen first:
-    # negating an unsigned array would wrap around.
-    order = np.argsort(-deg.astype(np.float64 if deg.dtype.kind == "f" else np.int64), kind="stable")
+    return _highest(deg, math.ceil(fraction * len(deg)))
+
+
+def _highest(degrees: np.ndarray, k: int) -> np.ndarray:
+    """[k] int64 positions of the k highest ``degrees``, ties to the lower position, ascending."""
+    # A stable sort on the negated degree keeps equal degrees in position order. Widen
+    # first: negating an unsigned array would wrap around.
+    order = np.argsort(-degrees.astype(np.float64 if degrees.dtype.kind == "f" else np.int64), kind="stable")
     return np.sort(order[:k]).astype(np.int64)
 
 
@@ -113,11 +126,13 @@ def _top_degree_ids(root: zarr.Group, reader: ChunkReader, num_nodes: int, k: in
     for lo in range(0, num_nodes, _STEP_ROWS):
         hi = min(num_nodes, lo + _STEP_ROWS)
         deg = reader.read(layouts[0], lo, hi)[0].astype(np.int64) + reader.read(layouts[1], lo, hi)[0]
+        # The best so far (ascending, all below lo) then this step's ids: positions are in
+        # id order, so `_highest`'s ties to the lower position are ties to the lower id.
         ids = np.concatenate([best_ids, np.arange(lo, hi, dtype=np.int64)])
         deg = np.concatenate([best_deg, deg])
-        keep = np.lexsort((ids, -deg))[:k]  # highest degree first, then lowest id
+        keep = _highest(deg, k)
         best_ids, best_deg = ids[keep], deg[keep]
-    return np.sort(best_ids)
+    return best_ids
 
 
 def _segment_of(src: np.ndarray, dst: np.ndarray, is_hub: np.ndarray, partition_size: int,

@@ -67,17 +67,19 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Protocol
 
 import numpy as np
 
+from graphstore._metis import metis_index_dtype, metis_parts
 from graphstore.errors import ConfigError
 from graphstore.layout._fast import unique
 from graphstore.layout._staging import FLUSH_BYTES, StagedEdges
+from graphstore.layout.hashing import FeistelPermutation
+from graphstore.registry import Registry
 
 __all__ = [
     "PARTITIONERS",
@@ -152,14 +154,13 @@ class Partitioner(Protocol):
     ) -> tuple[np.ndarray, dict[str, Any]]: ...
 
 
-_REGISTRY: dict[str, Partitioner] = {}
-
-PARTITIONERS: Mapping[str, Partitioner] = MappingProxyType(_REGISTRY)
-"""Read-only view of the registered partitioners by name."""
+PARTITIONERS: Registry[Partitioner] = Registry("partitioner")
+"""The partitioners by name; a new one registers with `register_partitioner`."""
 
 
-def register_partitioner(name: str) -> Callable[[Partitioner], Partitioner]:
-    """Decorator that registers a `Partitioner` under ``name``.
+def register_partitioner(name: str, *, summary: str | None = None) -> Callable[[Partitioner], Partitioner]:
+    """Decorator that registers a `Partitioner` under ``name`` in `PARTITIONERS`, with a
+    one-line ``summary`` for ``--help`` (default: the first line of its docstring).
 
     Raises
     ------
@@ -167,21 +168,12 @@ def register_partitioner(name: str) -> Callable[[Partitioner], Partitioner]:
         If ``name`` is already registered (a second registration would silently change
         what an existing store's ``partitioner`` attribute means).
     """
-
-    def decorate(fn: Partitioner) -> Partitioner:
-        if name in _REGISTRY:
-            raise ConfigError(
-                f"partitioner {name!r} is already registered; pick another name"
-            )
-        _REGISTRY[name] = fn
-        return fn
-
-    return decorate
+    return PARTITIONERS.register(name, summary=summary)
 
 
 def available_partitioners() -> tuple[str, ...]:
     """Sorted names of the registered partitioners."""
-    return tuple(sorted(_REGISTRY))
+    return PARTITIONERS.names()
 
 
 def default_memory_bytes(num_nodes: int) -> int:
@@ -324,11 +316,7 @@ def partition_nodes(
         ``partition_memory_bytes`` that is not a positive int, or (``stream``) one
         below what N nodes need.
     """
-    if method not in _REGISTRY:
-        raise ConfigError(
-            f"unknown partitioner {method!r}; expected one of "
-            f"{', '.join(available_partitioners())}"
-        )
+    partitioner = PARTITIONERS.get(method)
     num_nodes = int(edges.num_nodes)
     _check_num_partitions(num_partitions, num_nodes)
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
@@ -347,8 +335,8 @@ def partition_nodes(
         memory_bytes = int(partition_memory_bytes)
 
     began = time.perf_counter()
-    labels, info = _REGISTRY[method](edges, int(num_partitions), int(seed), int(chunk_edges),
-                                     memory_bytes)
+    labels, info = partitioner(edges, int(num_partitions), int(seed), int(chunk_edges),
+                               memory_bytes)
     seconds = time.perf_counter() - began
 
     if not isinstance(labels, np.ndarray):
@@ -586,54 +574,18 @@ def _sequential(
 
 
 _FEISTEL_ROUNDS = 4
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on [k] uint64 (wrapping arithmetic): a good 64-bit hash."""
-    x = x ^ (x >> np.uint64(30))
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return x
-
-
-class _FeistelPermutation:
-    """A seeded pseudo-random bijection of ``[0, n)``, evaluated on any chunk of ids.
-
-    A balanced ``_FEISTEL_ROUNDS``-round Feistel network on ``2h``-bit integers (the
-    smallest even bit width covering ``n``, so the domain is less than ``4 n``) is a
-    bijection of ``[0, 4**h)``; cycle walking (apply it again while the value is
-    ``>= n``) restricts it to a bijection of ``[0, n)``. The round keys come from
-    ``seed``. O(chunk) memory, no [n] table.
-    """
+class _FeistelPermutation(FeistelPermutation):
+    """The ``random`` partitioner's seeded bijection of ``[0, n)``: round keys drawn from
+    ``default_rng(seed)``, and the low bits of each round's hash (what its stores' labels
+    were made with)."""
 
     def __init__(self, n: int, seed: int) -> None:
-        self.n = n
-        bits = max(1, (max(n - 1, 1)).bit_length())
-        self.half = (bits + 1) // 2
-        self.mask = np.uint64((1 << self.half) - 1)
-        self.keys = np.random.default_rng(seed).integers(
+        keys = np.random.default_rng(seed).integers(
             0, 2**64 - 1, size=_FEISTEL_ROUNDS, dtype=np.uint64, endpoint=True
         )
-
-    def _rounds(self, x: np.ndarray) -> np.ndarray:
-        half = np.uint64(self.half)
-        left, right = x >> half, x & self.mask
-        for key in self.keys:
-            left, right = right, left ^ (_mix64(right ^ key) & self.mask)
-        return (left << half) | right
-
-    def __call__(self, ids: np.ndarray) -> np.ndarray:
-        """[k] int64 images of [k] int64 ``ids`` in ``[0, n)``."""
-        out = self._rounds(ids.astype(np.uint64))
-        walking = np.flatnonzero(out >= np.uint64(self.n))
-        while walking.shape[0]:
-            again = self._rounds(out[walking])
-            out[walking] = again
-            walking = walking[again >= np.uint64(self.n)]
-        return out.astype(np.int64)
+        super().__init__(n, keys, round_bits="low")
 
 
 @register_partitioner("random")
@@ -837,20 +789,11 @@ def _metis(
     if num_partitions == 1:
         return np.zeros(num_nodes, dtype=np.int64), {"edge_cuts": 0}
 
-    import pymetis  # imported here: the other partitioners must work without it
-
-    index_dtype = pymetis.zero_copy_dtype()
-    indptr, indices, num_undirected = _symmetric_csr(edges, chunk_edges, index_dtype)
-    # METIS stores its seed in a C int; fold larger seeds into range deterministically.
-    options = pymetis.Options(seed=int(seed % (2**31 - 1)), ufactor=_METIS_UFACTOR)
+    # Built in METIS's own index dtype: the CSR of both directions is the peak memory.
+    indptr, indices, num_undirected = _symmetric_csr(edges, chunk_edges, metis_index_dtype())
     began = time.perf_counter()
-    result = pymetis.part_graph(
-        num_partitions,
-        adjacency=pymetis.CSRAdjacency(adj_starts=indptr, adjacent=indices),
-        options=options,
-    )
+    labels, edge_cuts = metis_parts(indptr, indices, num_partitions, seed=seed, ufactor=_METIS_UFACTOR)
     metis_seconds = time.perf_counter() - began
-    labels = np.asarray(result.vertex_part, dtype=np.int64)
 
     # Even METIS's 0.1 % imbalance would shift every later block boundary in
     # `equal_blocks`; moving the few excess nodes makes the labels the store's blocks.
@@ -861,7 +804,7 @@ def _metis(
     sizes = np.bincount(labels, minlength=num_partitions)
     rebalanced = _rebalance(own, labels, sizes, capacity, np.random.default_rng(seed))
     return labels, {
-        "edge_cuts": int(result.edge_cuts),
+        "edge_cuts": edge_cuts,
         "undirected_edges": int(num_undirected),
         "ufactor": _METIS_UFACTOR,
         "rebalanced_nodes": rebalanced,
@@ -1636,22 +1579,14 @@ def _initial_partition(level: _Level, num_partitions: int, seed: int, *,
         total = int(weight.sum())
         start = np.cumsum(weight) - weight
         return (start * num_partitions // max(total, 1)).astype(np.int32), {"metis": False}
-    import pymetis
-
     indptr, indices, data = _whole(level)
-    index_dtype = pymetis.zero_copy_dtype()
     began = time.perf_counter()
-    result = pymetis.part_graph(
-        num_partitions,
-        adjacency=pymetis.CSRAdjacency(adj_starts=indptr.astype(index_dtype),
-                                       adjacent=indices.astype(index_dtype)),
-        vweights=weight.astype(index_dtype),
-        eweights=np.maximum(1, np.rint(data)).astype(index_dtype),
-        options=pymetis.Options(seed=int(seed % (2**31 - 1)), ufactor=_STREAM_METIS_UFACTOR),
-    )
+    parts, _ = metis_parts(indptr, indices, num_partitions, node_weights=weight,
+                           edge_weights=np.maximum(1, np.rint(data)), seed=seed,
+                           ufactor=_STREAM_METIS_UFACTOR)
     info = {"metis": True, "metis_seconds": round(time.perf_counter() - began, 6),
             "metis_nodes": level.num_nodes, "metis_entries": level.num_entries}
-    return np.asarray(result.vertex_part, dtype=np.int32), info
+    return parts.astype(np.int32), info
 
 
 def _whole(level: _Level) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -1701,7 +1636,9 @@ def _level_zero(edges: StagedEdges, order: np.ndarray, chunk_edges: int, block_b
     return builder.finish(None, workers)
 
 
-@register_partitioner("stream")
+@register_partitioner(
+    "stream", summary="multilevel partitioning in bounded memory (coarsen, METIS, refine)"
+)
 def _stream(
     edges: StagedEdges, num_partitions: int, seed: int, chunk_edges: int, memory_bytes: int
 ) -> tuple[np.ndarray, dict[str, Any]]:

@@ -1,9 +1,17 @@
-"""`graphstore.open`: a format-v1 store as a Python object.
+"""`Store`: a format-v1 store as a Python object (`graphstore.open` returns it as a `Dataset`).
 
 Opening reads the manifest and checks that every array it implies is there with the right
 shape and dtype; arrays stay lazy (Zarr) until a ``read_*`` method touches them. Reads are
 whole partitions or whole buckets, which map onto whole chunks (see `graphstore.layout.base`
 for the layout).
+
+Where a new read goes: `Store` is the format. Every read of a stored array (a verified
+read through `Store.read_many`, or the lazy Zarr array itself) is a method here, returning
+numpy arrays in store ids, and nothing here knows about torch, loaders or training.
+`graphstore.dataset.Dataset` is the user-facing view built on it: it composes these reads
+into what user code asks for (loaders, tensors, splits, embeddings) and never opens a Zarr
+array or a chunk file itself. A method that needs a new array, or reads an existing one
+another way, belongs here; one that only combines reads belongs on `Dataset`.
 """
 
 from __future__ import annotations

@@ -2,21 +2,14 @@
 
 `layers` holds the message-passing layers and the `GNN` stack; `decoders` the edge
 scorers and their loss; `metrics` accuracy, MRR / Hits@k and OGB's evaluator rules;
-`base` the `LayerView` both samplers' layers are read through; `memory` the estimate and
-measurement of a training step's memory; `accumulate` micro-batch gradient accumulation.
+`base` the `LayerView` both samplers' layers are read through; `step_memory` the estimate
+and measurement of a training step's memory; `accumulate` micro-batch gradient accumulation.
 """
 
 from graphstore.nn.accumulate import micro_batch_backward
 from graphstore.nn.base import LayerView, layer_view, segment_mean, segment_softmax, segment_sum
 from graphstore.nn.decoders import DECODERS, ComplEx, Decoder, DistMult, HadamardMLP, TransE, link_loss
-from graphstore.nn.layers import LAYERS, GATConv, GCNConv, GINConv, GNN, RGCNConv, SAGEConv, layer_degrees
-from graphstore.nn.memory import (
-    OPTIMIZERS,
-    StepMemory,
-    estimate_step_memory,
-    measure_step_memory,
-    step_estimator,
-)
+from graphstore.nn.layers import GNN, LAYERS, GATConv, GCNConv, GINConv, RGCNConv, SAGEConv, layer_degrees
 from graphstore.nn.metrics import (
     KS,
     accuracy,
@@ -26,6 +19,13 @@ from graphstore.nn.metrics import (
     ogbn_accuracy,
     ranking_metrics,
     ranks,
+)
+from graphstore.nn.step_memory import (
+    OPTIMIZERS,
+    StepMemory,
+    estimate_step_memory,
+    measure_step_memory,
+    step_estimator,
 )
 
 __all__ = [

@@ -59,11 +59,14 @@ import logging
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from graphstore._metis import metis_parts
 from graphstore.errors import ConfigError
+from graphstore.registry import Registry
 from graphstore.sample.base import DENSE, Batch
 from graphstore.sample.dense import _assemble
 
@@ -71,6 +74,7 @@ __all__ = [
     "STRATEGIES",
     "DenseSizes",
     "MicroBatch",
+    "TargetGrouping",
     "choose_micro_batches",
     "dense_sizes",
     "loss_weights",
@@ -83,8 +87,25 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-STRATEGIES = ("reg", "metis", "random", "range")
-"""How `partition_targets` groups the targets; see the module docstring."""
+
+class TargetGrouping(Protocol):
+    """A micro-batch strategy: how `partition_targets` groups the targets.
+
+    Called with validated arguments and ``1 < k < T`` (one group, or one target per group,
+    needs no strategy). Returns int64 [T], the group of each target in ``0 .. k-1`` with
+    none empty; the same ``seed`` must give the same groups. ``memo`` is one dict per batch
+    and options, kept across the K that `choose_micro_batches` tries: a strategy stores
+    there what does not depend on K (e.g. the graph it hands METIS). A strategy takes the
+    keywords it does not use as ``**_``, so a new option reaches only those that want it.
+    Register one with ``@STRATEGIES.register(name, summary=...)``.
+    """
+
+    def __call__(self, dense: DENSE, k: int, *, seed: int, reg_hops: int, hub_threshold: int,
+                 memo: dict) -> torch.Tensor: ...
+
+
+STRATEGIES: Registry[TargetGrouping] = Registry("micro-batch strategy")
+"""How `partition_targets` groups the targets, by name; see the module docstring."""
 
 DEFAULT_HUB_THRESHOLD = 64
 """``reg``: nodes shared by more targets than this add no REG edges (cost guard)."""
@@ -300,20 +321,13 @@ def _balanced(order: torch.Tensor, k: int) -> torch.Tensor:
 def _metis(num_nodes: int, src: torch.Tensor, dst: torch.Tensor, weight: torch.Tensor | None,
            k: int, seed: int) -> torch.Tensor:
     """METIS k-way labels of the symmetric graph ``src -> dst`` (both directions listed)."""
-    import pymetis  # imported here: the other strategies work without it
-
-    dtype = pymetis.zero_copy_dtype()
     src, dst = src.cpu().numpy(), dst.cpu().numpy()
     order = np.lexsort((dst, src))
-    indptr = np.zeros(num_nodes + 1, dtype=dtype)
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(np.bincount(src, minlength=num_nodes), out=indptr[1:])
-    kwargs = {}
-    if weight is not None:
-        kwargs["eweights"] = np.ascontiguousarray(weight.cpu().numpy()[order], dtype=dtype)
-    result = pymetis.part_graph(k, adjacency=pymetis.CSRAdjacency(
-        adj_starts=indptr, adjacent=np.ascontiguousarray(dst[order], dtype=dtype)),
-        options=pymetis.Options(seed=int(seed % (2**31 - 1))), **kwargs)
-    return torch.as_tensor(np.asarray(result.vertex_part, dtype=np.int64))
+    edge_weights = None if weight is None else weight.cpu().numpy()[order]
+    parts, _ = metis_parts(indptr, dst[order], k, edge_weights=edge_weights, seed=seed)
+    return torch.as_tensor(parts)
 
 
 def _fill_empty(parts: torch.Tensor, k: int) -> torch.Tensor:
@@ -372,8 +386,9 @@ def partition_targets(dense: DENSE, num_micro_batches: int, *, strategy: str = "
         The sampled batch.
     num_micro_batches : int
         K, in ``[1, T]``.
-    strategy : {"reg", "metis", "random", "range"}
-        See the module docstring.
+    strategy : str
+        A name in `STRATEGIES`: ``"reg"``, ``"metis"``, ``"random"``, ``"range"`` (see the
+        module docstring) or one registered there.
     seed : int
         Seeds ``random`` and METIS (``reg``, ``metis``): a seed gives the same groups.
     reg_hops : int
@@ -399,8 +414,7 @@ def partition_targets(dense: DENSE, num_micro_batches: int, *, strategy: str = "
         On an unknown strategy, K outside ``[1, T]``, or a bad ``reg_hops``/``hub_threshold``.
     """
     t, k = dense.num_targets, num_micro_batches
-    if strategy not in STRATEGIES:
-        raise ConfigError(f"unknown micro-batch strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    group = STRATEGIES.get(strategy)
     # numbers.Integral admits numpy integers from a config; bool is refused as a likely slip.
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= max(t, 1):
         raise ConfigError(f"number of micro-batches must be an int in [1, {t}] (the batch has {t} targets; "
@@ -411,47 +425,67 @@ def partition_targets(dense: DENSE, num_micro_batches: int, *, strategy: str = "
         raise ConfigError(f"reg_hops must be in [1, {dense.num_layers}] (got {reg_hops})")
     if hub_threshold < 2:
         raise ConfigError(f"hub_threshold must be at least 2 (got {hub_threshold})")
-    return _partition(dense, int(k), strategy, seed,
-                      lambda: _target_graph(dense, strategy, reg_hops, hub_threshold))
+    return _partition(dense, int(k), group, seed=seed, reg_hops=reg_hops, hub_threshold=hub_threshold,
+                      memo={})
 
 
-def _partition(dense: DENSE, k: int, strategy: str, seed: int,
-               target_graph: Callable[[], tuple[torch.Tensor, ...]]) -> torch.Tensor:
-    """`partition_targets` after the checks; ``target_graph()`` gives METIS's input."""
+def _partition(dense: DENSE, k: int, group: TargetGrouping, **options) -> torch.Tensor:
+    """`partition_targets` after the checks; ``options`` are ``group``'s keywords."""
     t, device = dense.num_targets, dense.node_ids.device
     if k == 1:
         return torch.zeros(t, dtype=torch.int64, device=device)
     if k == t:
         return torch.arange(t, device=device)
-    if strategy == "range":
-        return _balanced(torch.arange(t, device=device), k)
-    if strategy == "random":
-        gen = torch.Generator().manual_seed(seed)
-        return _balanced(torch.randperm(t, generator=gen).to(device), k)
-    src, dst, weight = target_graph()
-    parts = _metis(t, src, dst, weight, k, seed).to(device)
+    return group(dense, k, **options)
+
+
+@STRATEGIES.register("range", summary="K contiguous slices of the targets in batch order")
+def _range_groups(dense: DENSE, k: int, **_) -> torch.Tensor:
+    return _balanced(torch.arange(dense.num_targets, device=dense.node_ids.device), k)
+
+
+@STRATEGIES.register("random", summary="a seeded uniform assignment into K near-equal groups")
+def _random_groups(dense: DENSE, k: int, *, seed: int, **_) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return _balanced(torch.randperm(dense.num_targets, generator=gen).to(dense.node_ids.device), k)
+
+
+@STRATEGIES.register("metis", summary="METIS on the graph the targets induce in their first-hop samples")
+def _metis_groups(dense: DENSE, k: int, *, seed: int, memo: dict, **_) -> torch.Tensor:
+    if "graph" not in memo:
+        memo["graph"] = _sample_graph(dense)
+    return _metis_on_targets(dense, k, seed, *memo["graph"])
+
+
+@STRATEGIES.register("reg", summary="METIS on Betty's redundancy-embedded graph (fewest shared inputs)")
+def _reg_groups(dense: DENSE, k: int, *, seed: int, reg_hops: int, hub_threshold: int, memo: dict,
+                **_) -> torch.Tensor:
+    if "graph" not in memo:
+        memo["graph"] = _reg_edges(dense, reg_hops, hub_threshold)
+    return _metis_on_targets(dense, k, seed, *memo["graph"])
+
+
+def _metis_on_targets(dense: DENSE, k: int, seed: int, src: torch.Tensor, dst: torch.Tensor,
+                      weight: torch.Tensor | None) -> torch.Tensor:
+    parts = _metis(dense.num_targets, src, dst, weight, k, seed).to(dense.node_ids.device)
     return _fill_empty(parts, k)
 
 
-def _target_graph(dense: DENSE, strategy: str, reg_hops: int, hub_threshold: int) -> tuple[torch.Tensor, ...]:
-    """METIS's graph over the targets: (src, dst, weight or None), both directions listed."""
+def _sample_graph(dense: DENSE) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """``metis``'s graph over the targets: (src, dst, None), both directions listed."""
     t, device = dense.num_targets, dense.node_ids.device
-    if strategy == "reg":
-        src, dst, weight = _reg_edges(dense, reg_hops, hub_threshold)
-    else:
-        # Target-to-target samples of the last layer; listed both ways, self loops and
-        # repeats dropped (METIS needs a simple symmetric graph).
-        off_t = int(dense.node_id_offsets[-1])
-        first = off_t - int(dense.node_id_offsets[1])
-        start = int(dense.nbr_offsets[first])
-        counts = dense.nbr_offsets.diff()[first:]
-        owner = torch.repeat_interleave(torch.arange(t, device=device), counts)
-        nbr = dense.nbrs[start:] - off_t
-        inside = (nbr >= 0) & (nbr != owner)
-        a, b = owner[inside], nbr[inside]
-        key = torch.unique(torch.cat([a * t + b, b * t + a]))
-        src, dst, weight = key // t, key % t, None
-    return src, dst, weight
+    # Target-to-target samples of the last layer; listed both ways, self loops and
+    # repeats dropped (METIS needs a simple symmetric graph).
+    off_t = int(dense.node_id_offsets[-1])
+    first = off_t - int(dense.node_id_offsets[1])
+    start = int(dense.nbr_offsets[first])
+    counts = dense.nbr_offsets.diff()[first:]
+    owner = torch.repeat_interleave(torch.arange(t, device=device), counts)
+    nbr = dense.nbrs[start:] - off_t
+    inside = (nbr >= 0) & (nbr != owner)
+    a, b = owner[inside], nbr[inside]
+    key = torch.unique(torch.cat([a * t + b, b * t + a]))
+    return key // t, key % t, None
 
 
 def split_dense(dense: DENSE, num_micro_batches: int, *, strategy: str = "reg", seed: int = 0,
@@ -513,16 +547,12 @@ def choose_micro_batches(dense: DENSE, budget_bytes: int, *, estimator: Callable
         raise ConfigError("cannot split a batch without targets")
     partition_targets(dense, 1, strategy=strategy, seed=seed, reg_hops=reg_hops,
                       hub_threshold=hub_threshold)  # validates the arguments
-    cache: list[tuple[torch.Tensor, ...]] = []
-
-    def target_graph() -> tuple[torch.Tensor, ...]:
-        # The target graph does not depend on K: build it once for the whole search.
-        if not cache:
-            cache.append(_target_graph(dense, strategy, reg_hops, hub_threshold))
-        return cache[0]
+    group = STRATEGIES.get(strategy)
+    memo: dict = {}  # what the strategy builds once for every K of the search (METIS's graph)
 
     def fitting(k: int) -> torch.Tensor | None:
-        parts = _partition(dense, k, strategy, seed, target_graph)
+        parts = _partition(dense, k, group, seed=seed, reg_hops=reg_hops, hub_threshold=hub_threshold,
+                           memo=memo)
         worst = max(estimator(s) for s in micro_batch_sizes(dense, parts))
         return parts if worst <= budget_bytes else None
 

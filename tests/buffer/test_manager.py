@@ -18,10 +18,9 @@ from hypothesis import strategies as st
 
 import graphstore
 from graphstore.buffer.manager import BufferManager, planned_read_bytes
-from graphstore.buffer.memory import assign_slots, slots_needed
-from graphstore.errors import BufferClosedError
 from graphstore.buffer.resident import build_resident_graph
-from graphstore.errors import ConfigError
+from graphstore.buffer.slots import assign_slots, slots_needed
+from graphstore.errors import BufferClosedError, ConfigError
 from graphstore.layout._convert import ConvertOptions, convert
 from graphstore.layout.store import Store
 from tests.buffer.helpers import assert_same_graph

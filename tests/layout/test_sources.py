@@ -1,5 +1,7 @@
-"""Source readers: real datasets' known statistics, hand-made layouts read back exactly,
-format detection, and the bad-input suite (every message names file and line/array)."""
+"""Source readers: every registered reader through the conformance checks
+(`graphstore.testing.readers`: the graph agrees with itself, converts and verifies), real
+datasets' known statistics, hand-made layouts read back exactly, format detection, and the
+bad-input suite (every message names file and line/array)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from graphstore.layout.sources import (
     register_reader,
 )
 from graphstore.layout.sources.ogb import locate_ogb
+from graphstore.testing.readers import check_reader, check_source_graph
 from tests.conftest import REPO
 
 @pytest.fixture
@@ -98,8 +101,6 @@ def test_cora_statistics(data_dir, tmp_path):
     assert x.shape == (2708, 1433) and x.dtype == np.float32 and set(np.unique(x)) <= {0.0, 1.0}
     assert g.labels.shape == (2708,) and g.labels.min() == 0
     assert np.array_equal(g.node_splits["train"], np.arange(140))
-    # Re-iterable: each call is a fresh pass.
-    assert np.array_equal(all_edges(g)[0], src) and np.array_equal(all_features(g), x)
 
 
 def test_citeseer_statistics(data_dir, tmp_path):
@@ -352,8 +353,8 @@ def make_ogb_link_raw(root: Path, edges: np.ndarray, num_nodes: int, reltype=Non
         write_csv_gz(raw / "edge_reltype.csv.gz", lines(np.asarray(reltype)[:, None]))
 
 
-def test_ogb_link_edge_and_edge_neg(tmp_path):
-    root = tmp_path / "ogbl_collab"
+def make_ogb_collab(root: Path) -> Path:
+    """ogbl-collab's layout: ``edge`` / ``edge_neg`` pairs in .pt splits."""
     edges = np.array([[0, 1], [1, 2], [2, 3]])
     make_ogb_link_raw(root, edges, 5)
     split = root / "split" / "time"
@@ -361,7 +362,11 @@ def test_ogb_link_edge_and_edge_neg(tmp_path):
             {"edge": torch.tensor(edges), "weight": torch.ones(3), "year": torch.zeros(3)})
     save_pt(split / "valid.pt", {"edge": np.array([[3, 4]]), "edge_neg": np.array([[0, 4], [1, 3]])})
     save_pt(split / "test.pt", {"edge": torch.tensor([[0, 2]]), "edge_neg": torch.tensor([[2, 4]])})
-    g = read(root, tmp_path)
+    return root
+
+
+def test_ogb_link_edge_and_edge_neg(tmp_path):
+    g = read(make_ogb_collab(tmp_path / "ogbl_collab"), tmp_path)
     assert g.tasks == (TASK_LINK,) and g.directed is False and g.name == "ogbl-collab"
     v = g.edge_splits["valid"]
     assert (v.src.tolist(), v.dst.tolist()) == ([3], [4])
@@ -371,24 +376,30 @@ def test_ogb_link_edge_and_edge_neg(tmp_path):
     assert "train" not in g.split_origin
 
 
-def test_ogb_link_target_node_neg(tmp_path):
-    root = tmp_path / "ogbl_citation2"
+CITATION2_NEG = np.array([[2, 3, 4], [0, 1, 5]])
+
+
+def make_ogb_citation2(root: Path) -> Path:
+    """ogbl-citation2's layout: ``source_node`` / ``target_node`` with candidate negatives."""
     make_ogb_link_raw(root, np.array([[0, 1], [2, 3]]), 6)
     split = root / "split" / "time"
     save_pt(split / "train.pt", {"source_node": torch.tensor([0, 2]), "target_node": torch.tensor([1, 3])})
-    neg = torch.tensor([[2, 3, 4], [0, 1, 5]])
     save_pt(split / "valid.pt", {"source_node": torch.tensor([4, 5]), "target_node": torch.tensor([5, 4]),
-                                 "target_node_neg": neg})
+                                 "target_node_neg": torch.tensor(CITATION2_NEG)})
     save_pt(split / "test.pt", {"source_node": torch.tensor([1]), "target_node": torch.tensor([2]),
                                 "target_node_neg": torch.tensor([[0, 3, 5]])})
-    g = read(root, tmp_path)
+    return root
+
+
+def test_ogb_link_target_node_neg(tmp_path):
+    g = read(make_ogb_citation2(tmp_path / "ogbl_citation2"), tmp_path)
     assert g.directed is True
     v = g.edge_splits["valid"]
-    assert v.neg_src is None and np.array_equal(v.neg_dst, neg.numpy()) and v.src.tolist() == [4, 5]
+    assert v.neg_src is None and np.array_equal(v.neg_dst, CITATION2_NEG) and v.src.tolist() == [4, 5]
 
 
-def test_ogb_link_wikikg_relations(tmp_path, small_chunks):
-    root = tmp_path / "ogbl_wikikg2"
+def make_ogb_wikikg(root: Path) -> Path:
+    """ogbl-wikikg2's layout: typed edges, ``head`` / ``relation`` / ``tail`` splits."""
     edges = np.array([[0, 1], [1, 2], [2, 0], [3, 1]])
     make_ogb_link_raw(root, edges, 4, reltype=[0, 2, 1, 2])
     split = root / "split" / "time"
@@ -401,6 +412,11 @@ def test_ogb_link_wikikg_relations(tmp_path, small_chunks):
                                  "tail_neg": torch.tensor([[1, 3]])})
     save_pt(split / "test.pt", {**triple([1], [1], [3]), "head_neg": torch.tensor([[0, 2]]),
                                 "tail_neg": torch.tensor([[0, 2]])})
+    return root
+
+
+def test_ogb_link_wikikg_relations(tmp_path, small_chunks):
+    root = make_ogb_wikikg(tmp_path / "ogbl_wikikg2")
     g = read(root, tmp_path)
     assert g.directed is True and g.num_relations == 4
     src, dst, rel = all_edges(g)
@@ -536,12 +552,19 @@ def test_kg_numbering_rule_and_archives(tmp_path):
         assert g.describe_edge(1) == "line 2" and g.name == "toykg"
 
 
-def test_edgelist_link_split_holds_out_edges(tmp_path):
+def make_edgelist_file(directory: Path) -> tuple[Path, np.ndarray]:
+    """``g.txt``: a comment, a blank line, then 60 nodes' distinct undirected pairs."""
     rng = np.random.default_rng(1)
     pairs = np.unique(np.sort(rng.integers(0, 60, (400, 2)), axis=1), axis=0)
     pairs = pairs[pairs[:, 0] != pairs[:, 1]]
     text = "# a comment\n\n" + "".join(f"{u} {v}\n" for u, v in pairs)
-    (tmp_path / "g.txt").write_text(text)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "g.txt").write_text(text)
+    return directory / "g.txt", pairs
+
+
+def test_edgelist_link_split_holds_out_edges(tmp_path):
+    _, pairs = make_edgelist_file(tmp_path)
     assert detect_format(tmp_path / "g.txt") == "edgelist"
     g = read(tmp_path / "g.txt", tmp_path, seed=5)
     assert g.tasks == (TASK_LINK,) and not g.directed and g.num_nodes == pairs.max() + 1
@@ -565,14 +588,21 @@ def test_edgelist_link_split_holds_out_edges(tmp_path):
     assert np.array_equal(again.edge_splits["test"].src, g.edge_splits["test"].src)
 
 
-def test_edgelist_directory_with_features_and_labels(tmp_path, small_chunks):
-    d = tmp_path / "mygraph"
-    d.mkdir()
+EDGELIST_FEATURES = np.arange(40, dtype=np.float64).reshape(8, 5)
+
+
+def make_edgelist_dir(d: Path) -> Path:
+    """``edges.csv`` with ``features.npy`` and ``labels.npy`` (node 7 unlabeled, edgeless)."""
+    d.mkdir(parents=True)
     (d / "edges.csv").write_text("0,1\n1,2\n2,3\n3,4\n4,0\n")
-    features = np.arange(40, dtype=np.float64).reshape(8, 5)
-    labels = np.array([0, 1, 0, 1, 0, 1, 0, -1])
-    np.save(d / "features.npy", features)
-    np.save(d / "labels.npy", labels)
+    np.save(d / "features.npy", EDGELIST_FEATURES)
+    np.save(d / "labels.npy", np.array([0, 1, 0, 1, 0, 1, 0, -1]))
+    return d
+
+
+def test_edgelist_directory_with_features_and_labels(tmp_path, small_chunks):
+    d = make_edgelist_dir(tmp_path / "mygraph")
+    features = EDGELIST_FEATURES
     assert detect_format(d) == "edgelist"
     g = read(d, tmp_path, seed=2)
     assert (g.name, g.num_nodes, g.feature_dim, g.num_classes) == ("mygraph", 8, 5, 2)
@@ -591,6 +621,48 @@ def test_edgelist_extra_columns_ignored(tmp_path):
     assert g.extra["ignored_columns"] == 1 and g.directed and g.num_nodes == 3
     # Three distinct edges: 5 % and 10 % of them round down to nothing held out.
     assert all_edges(g)[0].tolist() == [0, 1, 2] and len(g.edge_splits["valid"].src) == 0
+
+
+# --------------------------------------------------------------------------- conformance
+
+
+def make_npz_sample(d: Path) -> Path:
+    d.mkdir(parents=True)
+    make_gnn_npz(d / "toy.npz")
+    return d / "toy.npz"
+
+
+SAMPLES = {
+    "ogb node csv": ("ogb", True, lambda d: make_ogb_node(d / "ogbn_arxiv")),
+    "ogb node npz": ("ogb", False, lambda d: make_ogb_npz_node(
+        d / "ogbn_papers100M", np.array([[1.0], [np.nan], [0]]), {"train": "0\n", "valid": "2\n", "test": ""})),
+    "ogb link edge_neg": ("ogb", False, lambda d: make_ogb_collab(d / "ogbl_collab")),
+    "ogb link target_node_neg": ("ogb", True, lambda d: make_ogb_citation2(d / "ogbl_citation2")),
+    "ogb link relations": ("ogb", True, lambda d: make_ogb_wikikg(d / "ogbl_wikikg2")),
+    "kg": ("kg", True, lambda d: write_kg(d / "toykg", train="b\tr1\ta\na\tr2\tc\n", valid="d\tr1\tb\n",
+                                          test="c\tr3\te\n")),
+    "edgelist file": ("edgelist", True, lambda d: make_edgelist_file(d)[0]),
+    "edgelist directory": ("edgelist", False, lambda d: make_edgelist_dir(d / "mygraph")),
+    "npz": ("npz", True, make_npz_sample),
+    # No hand-made Planetoid pickles: the embedded Cora (data/cora) stands in.
+    "planetoid": ("planetoid", True, lambda d: shutil.copytree(REPO / "data" / "cora", d / "cora")),
+}
+"""A small well-formed source of each layout the readers know: (format, whether to convert
+and verify it as well, builder(directory) -> source path). Conversion costs a second of
+fsyncs, so it runs on one sample per format and on the ones whose splits or relations
+take another path through the converter."""
+
+
+def test_every_format_has_a_converted_sample():
+    assert {fmt for fmt, convert, _ in SAMPLES.values() if convert} == set(available_formats())
+
+
+@pytest.mark.parametrize("sample", SAMPLES)
+def test_every_reader_passes_the_conformance_checks(tmp_path, small_chunks, sample):
+    fmt, convert, build = SAMPLES[sample]
+    source = build(tmp_path / "src")
+    assert detect_format(source) == fmt
+    check_reader(fmt, source, work_dir=tmp_path / "work", convert=convert)
 
 
 def archive(directory: Path, out: Path, wrapper: str | None) -> Path:
@@ -634,6 +706,7 @@ def test_detect_and_read_every_format_from_archives(tmp_path, suffix, wrapper):
         assert detect_format(packed) == fmt, packed
         graph = read(packed, tmp_path)
         assert graph.format == fmt and graph.num_nodes > 0 and graph.path == str(packed)
+        check_source_graph(graph)
         assert all(Path(f).is_relative_to(tmp_path / "work") for f in graph.files.values())
 
 

@@ -5,6 +5,8 @@ parent's rows/edges/labels slices, the strategies, choosing K, and the loss weig
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -173,7 +175,7 @@ def test_errors(dense):
         split_dense(dense, 41)
     with pytest.raises(ConfigError, match="in \\[1, 40\\]"):
         split_dense(dense, 0)
-    with pytest.raises(ConfigError, match="unknown micro-batch strategy 'bogus'; known: reg, metis"):
+    with pytest.raises(ConfigError, match="unknown micro-batch strategy 'bogus'; known: metis, random, range"):
         split_dense(dense, 2, strategy="bogus")
     with pytest.raises(ConfigError, match="none empty"):
         micro_batches(dense, torch.tensor([0, 2] * 20))
@@ -189,6 +191,34 @@ def test_strategies_are_balanced_and_seeded(dense, strategy):
     assert torch.equal(a, partition_targets(dense, 4, strategy=strategy, seed=5))
     sizes = torch.bincount(a, minlength=4)
     assert int(sizes.min()) >= 1 and int(sizes.max()) <= 13  # 10 each, METIS's slack aside
+
+
+def test_a_registered_strategy_is_used_and_keeps_its_memo_across_the_ks(dense):
+    calls = []
+
+    @STRATEGIES.register("toy-modulo", summary="target i goes to group i mod K")
+    def modulo(dense, k, *, memo, **_):
+        memo["built"] = memo.get("built", 0) + 1
+        calls.append((k, memo["built"]))
+        return torch.arange(dense.num_targets) % k
+
+    try:
+        assert partition_targets(dense, 3, strategy="toy-modulo").tolist() == [i % 3 for i in range(40)]
+        parts = choose_micro_batches(dense, 0, estimator=lambda s: int(s.num_targets > 5),
+                                     strategy="toy-modulo")
+        assert len(parts) == 8  # the fewest K with at most 5 targets each
+        assert [k for k, _ in calls[1:]] == [2, 3, 4, 5, 6, 7, 8]
+        assert [n for _, n in calls[1:]] == list(range(1, 8))  # one memo for the whole search
+    finally:
+        STRATEGIES.unregister("toy-modulo")
+
+
+def test_metis_strategies_without_pymetis_say_so_and_the_others_still_work(dense, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pymetis", None)  # what a failed import leaves
+    for strategy in ("reg", "metis"):
+        with pytest.raises(ConfigError, match="METIS partitioning needs pymetis"):
+            partition_targets(dense, 2, strategy=strategy)
+    assert partition_targets(dense, 2, strategy="random").numel() == dense.num_targets
 
 
 def test_range_slices_targets_in_order(dense):

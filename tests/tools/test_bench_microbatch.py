@@ -10,7 +10,6 @@ Run as a subprocess: the command line and the JSON file are the interface outsid
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -134,17 +133,10 @@ def test_hub_threshold_cases_against_exact_ata(result):
     assert summary["metis_entries_exact"] >= summary["metis_entries_default"]
 
 
-def _tool_module():
-    spec = importlib.util.spec_from_file_location("bench_microbatch", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_low_threshold_leaves_hubs_out():
     # The quick graph has no node shared by more than 64 of 128 targets, so the run above
     # cannot show a threshold biting: here one of 4 does, on a small graph in-process.
-    bench = _tool_module()
+    from tools import bench_microbatch as bench
     graph, features, labels, _ = bench.load_synthetic(2_000, 20_000, feature_dim=8, num_classes=4, seed=0)
     batches = bench.make_batches(graph, features, labels, num_batches=2, batch_size=128, seed=0)
     rows = bench.run_hub_thresholds("tiny", batches, [4], [4, None], seed=0, repeats=1)

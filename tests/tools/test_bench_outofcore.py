@@ -18,12 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import load_tool
+from tools import bench_outofcore as bo
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-bo = load_tool("bench_outofcore")
 
 TINY = {"num_nodes": 3000, "avg_degree": 6, "feature_dim": 8, "num_classes": 4, "communities": 8,
         "locality": 0.75, "homophily": 0.2, "num_partitions": 4, "seed": 0, "layout_code": "test"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import load_tool
+from tools import bench_partition
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = {"partitioner", "num_nodes", "num_edges", "edge_cut", "seconds", "peak_rss_bytes",
@@ -18,7 +18,7 @@ KEYS = {"partitioner", "num_nodes", "num_edges", "edge_cut", "seconds", "peak_rs
 
 @pytest.fixture(scope="module")
 def tool():
-    return load_tool("bench_partition")
+    return bench_partition
 
 
 @pytest.fixture(scope="module")

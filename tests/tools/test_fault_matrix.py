@@ -2,9 +2,9 @@
 an edge bucket and a node partition, a truncated chunk file, a second ``r+`` opener,
 ENOSPC during convert when root), and its helpers on a real store.
 
-``tools/`` is not a package, so the tool is loaded from its path for the helpers, and run
-as a subprocess for the rows (its exit, its cleanup of mounts and processes, and a hard
-timeout are then the test's, not pytest's, problem).
+The helpers are imported (``tools.fault_matrix``); the rows run with the tool as a
+subprocess (its exit, its cleanup of mounts and processes, and a hard timeout are then
+the test's, not pytest's, problem).
 """
 
 from __future__ import annotations
@@ -18,15 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import load_tool
+from tools import fault_matrix as fm
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "fault_matrix.py"
 
 FAST_ROWS = ["flip_src", "flip_labels", "truncated_chunk", "second_writer_open", "enospc_convert"]
-
-
-fm = load_tool("fault_matrix")
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Tests of tools/make_synthetic.py: OGB raw layout, determinism, graph statistics,
 learnable features, the npz and link variants, the command line and bounded memory.
 
-``tools/`` is not a package, so the tool is loaded from its path (and run as a
-subprocess where the exit code or the peak memory is the point).
+The tool is imported (``tools.make_synthetic``), and run as a subprocess where the exit
+code or the peak memory is the point.
 """
 
 from __future__ import annotations
@@ -19,16 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import load_tool
+from tools import make_synthetic as ms
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "make_synthetic.py"
 
 N = 2500  # small, but several 1024-row chunks
 CHUNK = 1024
-
-
-ms = load_tool("make_synthetic")
 
 
 def _generate(out: Path, **kwargs):

@@ -17,13 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import load_tool
+from tools import reference_dgl as ref
+from tools import run_accuracy as ra
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-ra = load_tool("run_accuracy")
-ref = load_tool("reference_dgl")
 
 
 def test_split_seed_names():

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import load_tool
-
-sh = load_tool("select_hparams")
+from tools import select_hparams as sh
 
 
 def test_the_grid_is_every_combination_of_the_axes():

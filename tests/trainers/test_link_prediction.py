@@ -179,7 +179,7 @@ def test_ogb_style_sage_with_mlp_decoder_and_one_negative_per_positive(tmp_path)
     assert losses[0] > 1.0 and losses[-1] < 0.8 * losses[0]
     # 300 shipped negatives: a random scorer puts about 20/300 of positives above the 20th
     assert m["final"]["valid"]["hits@20"] > 0.5 and m["final"]["test"]["hits@20"] > 0.5
-    state = lp.build_parser().parse_args(["--model", "mlp"])
+    state = lp.LinkPredictionOptions.parse(["--model", "mlp", "--store", "x"])
     assert (state.decoder_layers, state.corrupt) == (3, "both")
 
 

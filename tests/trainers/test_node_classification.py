@@ -146,12 +146,13 @@ def test_bad_usage_exits_2(capsys):
 
 
 def test_shipped_configs_parse():
-    from trainers import common
     from trainers import link_prediction as lp
 
-    for path, parser in [("cora_sage.toml", nc.build_parser()), ("wn18rr_distmult.toml", lp.build_parser())]:
+    for path, options in [("cora_sage.toml", nc.NodeClassificationOptions),
+                          ("wn18rr_distmult.toml", lp.LinkPredictionOptions),
+                          ("ddi_sage.toml", lp.LinkPredictionOptions)]:
         config = REPO / "trainers" / "configs" / path
-        args = common.parse_options(parser, ["--config", str(config), "--store", "x"])
+        args = options.parse(["--config", str(config), "--store", "x"])
         assert args.epochs > 1
 
 

@@ -1,10 +1,11 @@
 """Replacement policies as pure plans: which partitions are resident when, and what each
 state trains. See `graphstore.buffer.policies.base` for the interface and the table of
-policies. Importing ``_link`` and ``_node`` (below) registers them all."""
+policies. Importing ``_link`` and ``_node`` (below) registers them all in `POLICIES`."""
 
+from graphstore.buffer.policies import _node  # noqa: F401  (importing it registers the node policies)
 from graphstore.buffer.policies._link import beta_order, default_logical_partitions
-from graphstore.buffer.policies._node import static_cache_ids
 from graphstore.buffer.policies.base import (
+    POLICIES,
     BufferState,
     EpochPlan,
     Policy,
@@ -15,6 +16,7 @@ from graphstore.buffer.policies.base import (
 )
 
 __all__ = [
+    "POLICIES",
     "BufferState",
     "EpochPlan",
     "Policy",
@@ -24,5 +26,4 @@ __all__ = [
     "plan_epoch",
     "policy_names",
     "register_policy",
-    "static_cache_ids",
 ]

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from graphstore.buffer.cache import StaticCache
 from graphstore.buffer.policies.base import (
     TASK_BOTH,
     TASK_LINK,
@@ -20,9 +21,8 @@ from graphstore.buffer.policies.base import (
     register_policy,
 )
 from graphstore.errors import ConfigError
-from graphstore.layout._hubs import hub_ids
 
-__all__ = ["static_cache_ids"]
+__all__ = ["plan_dispersed", "plan_hierbatching", "plan_in_memory", "plan_sequential"]
 
 
 def _train_set(train_partitions: Iterable[int] | None, p: int) -> list[int]:
@@ -119,58 +119,34 @@ def plan_dispersed(*, num_partitions: int, capacity: int, epoch: int, seed: int,
                       split_targets=True, options={"train_partitions": train})
 
 
-def static_cache_ids(degrees, fraction: float) -> np.ndarray:
-    """Store ids of the ``k = ceil(fraction * N)`` highest-degree nodes, ascending.
-
-    Ties go to the lower id, so the cache is a function of the degrees alone.
-
-    Parameters
-    ----------
-    degrees : array_like
-        ``[N]`` non-negative node degrees, indexed by store id.
-    fraction : float
-        r_s in [0, 1].
-
-    Returns
-    -------
-    numpy.ndarray
-        ``[k] int64``.
-
-    Examples
-    --------
-    >>> static_cache_ids([3, 9, 1, 9, 4], 0.5).tolist()
-    [1, 3, 4]
-    """
-    deg = np.asarray(degrees)
-    if deg.ndim != 1 or deg.dtype.kind not in "iuf":
-        raise ConfigError(f"degrees must be a 1-d numeric array [N] "
-                          f"(got shape {deg.shape}, dtype {deg.dtype})")
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating, np.integer)) \
-            or not 0.0 <= fraction <= 1.0:
-        raise ConfigError(f"static_cache_fraction must be in [0, 1] (got {fraction!r})")
-    return hub_ids(deg, fraction)  # the rule the store's hub group is written with
+def _cache_ids(static_cache: StaticCache | Iterable[int]) -> np.ndarray:
+    """The chosen cache's ids as a read-only [k] int64 array; checked, never re-chosen."""
+    ids = static_cache.ids if isinstance(static_cache, StaticCache) else np.asarray(static_cache)
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        raise ConfigError(f"static_cache must be a StaticCache or [k] integer store ids "
+                          f"(got shape {ids.shape}, dtype {ids.dtype})")
+    if ids.size and (ids[0] < 0 or (np.diff(ids) <= 0).any()):
+        raise ConfigError("static_cache ids must be distinct, ascending store ids "
+                          "(as `graphstore.buffer.static_cache_ids` returns them)")
+    return frozen_array(ids.astype(np.int64, copy=True))
 
 
-@register_policy("hierbatching", task=TASK_NODE,
-                 options=("train_partitions", "reuse", "degrees", "static_cache_fraction"),
+@register_policy("hierbatching", task=TASK_NODE, options=("train_partitions", "reuse", "static_cache"),
                  summary="node classification: shuffled mega-batches of c partitions, each reused")
 def plan_hierbatching(*, num_partitions: int, capacity: int, epoch: int, seed: int, rng: np.random.Generator,
-                      train_partitions: Iterable[int] | None = None, reuse: int = 2, degrees=None,
-                      static_cache_fraction: float | None = None) -> EpochPlan:
+                      train_partitions: Iterable[int] | None = None, reuse: int = 2,
+                      static_cache: StaticCache | Iterable[int] | None = None) -> EpochPlan:
     """HierBatching: the partitions shuffled from ``(seed, epoch)`` and cut into mega-batches
     of c (the last may be smaller); each mega-batch trains its training partitions for
     ``reuse`` passes. A mega-batch without training partitions is skipped (nothing to train).
 
-    With ``degrees`` ([N], by store id) the plan carries a static cache of the
-    ``ceil(static_cache_fraction * N)`` highest-degree nodes (default fraction 0.01).
+    With ``static_cache`` (a `StaticCache`, or its ``[k]`` store ids ascending, as chosen
+    by `graphstore.buffer.cache`) the plan carries the cache's ids (`EpochPlan.static_cache`).
     """
     p, c = num_partitions, capacity
     train = _train_set(train_partitions, p)
     reuse = _check_positive("reuse", reuse)
-    if degrees is None and static_cache_fraction is not None:
-        raise ConfigError("static_cache_fraction needs degrees (the [N] node degrees by store id)")
-    fraction = 0.01 if static_cache_fraction is None else static_cache_fraction
-    cache = None if degrees is None else frozen_array(static_cache_ids(degrees, fraction))
+    cache = None if static_cache is None else _cache_ids(static_cache)
 
     is_train = np.zeros(p, dtype=bool)
     is_train[train] = True
@@ -182,11 +158,8 @@ def plan_hierbatching(*, num_partitions: int, capacity: int, epoch: int, seed: i
         if mine.size:
             states.append(tuple(batch.tolist()))
             trained.append(tuple(mine.tolist()))
-    options = {"train_partitions": train, "reuse": reuse}
-    if cache is not None:
-        options["static_cache_fraction"] = fraction
     return _node_plan("hierbatching", p, c, epoch, seed, states, trained, [reuse] * len(states),
-                      static_cache=cache, options=options)
+                      static_cache=cache, options={"train_partitions": train, "reuse": reuse})
 
 
 @register_policy("in_memory", task=TASK_BOTH, options=("task", "train_partitions"),

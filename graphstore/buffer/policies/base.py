@@ -5,7 +5,8 @@ no store, no clock, no global random state. The same arguments give the same pla
 machine, so a plan can be printed before training (``graphstore plan``) and the buffer can
 prefetch state ``s + 1`` while the trainer works on state ``s``.
 
-Registered policies (`policy_names`)::
+Policies are registered by name in `POLICIES` (a `graphstore.registry.Registry` of `Policy`
+values; `register_policy` adds one, `get_policy` and `policy_names` read it)::
 
     name           task   what is resident                          what each state trains
     beta           link   c partitions, one swap per state          buckets first met there
@@ -30,8 +31,10 @@ from typing import Any
 import numpy as np
 
 from graphstore.errors import ConfigError
+from graphstore.registry import Registry
 
 __all__ = [
+    "POLICIES",
     "TASK_LINK",
     "TASK_NODE",
     "TASK_BOTH",
@@ -124,8 +127,9 @@ class EpochPlan:
     logical_states: list[tuple[int, ...]] | None = None
     """COMET: the resident logical partition ids of each state (ascending)."""
     static_cache: np.ndarray | None = None
-    """hierbatching with ``degrees``: ``[k] int64`` store ids of the k highest-degree nodes
-    (ties to the lower id), ascending; kept resident all epoch. None when not requested."""
+    """hierbatching given a ``static_cache``: ``[k] int64`` store ids of the cache's nodes
+    (chosen by `graphstore.buffer.cache`), ascending; kept resident all epoch. None when
+    not requested."""
     options: dict[str, Any] = field(default_factory=dict)
     """The policy options in effect (defaults filled in), for reports and reproduction."""
 
@@ -239,28 +243,31 @@ class Policy:
     """One line for ``--help`` and error messages."""
 
 
-_REGISTRY: dict[str, Policy] = {}
+POLICIES: Registry[Policy] = Registry("policy")
+"""Every policy by name; `register_policy` adds to it."""
 _TASK_WORDS = {TASK_LINK: "link prediction", TASK_NODE: "node classification", TASK_BOTH: "either task"}
 
 
 def register_policy(
     name: str, *, task: str, options: tuple[str, ...] = (), summary: str = ""
 ) -> Callable[[PlanFunction], PlanFunction]:
-    """Decorator registering ``plan`` under ``name``.
+    """Decorator registering ``plan`` in `POLICIES` as the `Policy` ``name``.
 
     Raises
     ------
     ConfigError
-        If ``name`` is already registered (a second policy would silently shadow it).
+        If ``task`` is not a task, or ``name`` is malformed or already registered (a
+        second policy would silently shadow it).
     """
     if task not in (TASK_LINK, TASK_NODE, TASK_BOTH):
         raise ConfigError(f"task must be 'link', 'node' or 'both' (got {task!r})")
 
     def decorate(plan: PlanFunction) -> PlanFunction:
-        if name in _REGISTRY:
+        if name in POLICIES:  # name the module holding the first one, not Policy's own
             raise ConfigError(f"a policy named {name!r} is already registered "
-                              f"({_REGISTRY[name].plan.__module__})")
-        _REGISTRY[name] = Policy(name=name, task=task, plan=plan, options=tuple(options), summary=summary)
+                              f"({POLICIES.get(name).plan.__module__}); pick another name")
+        POLICIES.register(name, Policy(name=name, task=task, plan=plan, options=tuple(options), summary=summary),
+                          summary=summary)
         return plan
 
     return decorate
@@ -273,7 +280,7 @@ def policy_names() -> tuple[str, ...]:
     >>> policy_names()
     ('beta', 'comet', 'dispersed', 'hierbatching', 'in_memory', 'sequential')
     """
-    return tuple(sorted(_REGISTRY))
+    return POLICIES.names()
 
 
 def get_policy(name: str) -> Policy:
@@ -285,8 +292,8 @@ def get_policy(name: str) -> Policy:
         For an unknown name; the message lists the known ones.
     """
     try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
+        return POLICIES.get(name)
+    except ConfigError:  # worded as `graphstore plan` has always reported it
         raise ConfigError(f"unknown policy {name!r}; known policies: {', '.join(policy_names())}") from None
 
 
@@ -324,7 +331,7 @@ def plan_epoch(
         >= 0.
     **options
         Policy options, e.g. ``num_logical_partitions`` (comet), ``train_partitions``
-        (node policies), ``reuse``, ``degrees``, ``static_cache_fraction`` (hierbatching),
+        (node policies), ``reuse``, ``static_cache`` (hierbatching),
         ``task`` (any policy; checked against the policy's task).
 
     Returns
@@ -352,7 +359,7 @@ def plan_epoch(
     if task is not None and task not in (TASK_LINK, TASK_NODE):
         raise ConfigError(f"task must be 'link' or 'node' (got {task!r})")
     if task is not None and spec.task != TASK_BOTH and task != spec.task:
-        others = [n for n in policy_names() if _REGISTRY[n].task in (task, TASK_BOTH)]
+        others = POLICIES.names(where=lambda other: other.task in (task, TASK_BOTH))
         raise ConfigError(f"policy {policy!r} plans {_TASK_WORDS[spec.task]}, not {_TASK_WORDS[task]}; "
                           f"policies for {task!r}: {', '.join(others)}")
     if task is not None and spec.task == TASK_BOTH:

@@ -1,7 +1,8 @@
 """Source readers: dataset files in, a `SourceGraph` out, for ``graphstore convert``.
 
 ``read_source(path)`` detects the format (or takes ``format=``), extracts an archive
-into the converter's ``work_dir``, and calls the reader registered under that name::
+into the converter's ``work_dir``, and calls the reader registered under that name in
+`READERS` (`register_reader` adds one)::
 
     "ogb"        OGB raw layout (raw/*.csv.gz or raw/data.npz, split/<name>/...)
     "planetoid"  raw/ind.<name>.{x,y,tx,ty,allx,ally,graph,test.index}
@@ -34,14 +35,17 @@ from graphstore.layout.sources.kg import read_kg
 from graphstore.layout.sources.npz import read_npz
 from graphstore.layout.sources.ogb import is_ogb_name, locate_ogb, read_ogb
 from graphstore.layout.sources.planetoid import read_planetoid
+from graphstore.registry import Registry
 
 __all__ = [
     "OPTION_NAMES",
+    "READERS",
     "TASK_LINK",
     "TASK_NODE",
     "EdgeChunk",
     "EdgeSplit",
     "ReadContext",
+    "SourceFormat",
     "SourceGraph",
     "SourceReader",
     "available_formats",
@@ -60,20 +64,25 @@ OPTION_NAMES = ("directed", "features", "labels", "num_nodes", "root", "split")
 
 # Options every reader accepts: an override of directedness, and where OGB names resolve.
 _COMMON_OPTIONS = frozenset({"directed", "root"})
-_FORMAT_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
-@dataclass(frozen=True)
-class _Entry:
+@dataclass(frozen=True, slots=True)
+class SourceFormat:
+    """What `READERS` holds for one format name."""
+
     reader: SourceReader
+    """Called as ``reader(path, context)``."""
     options: frozenset[str]
+    """Options of `OPTION_NAMES` the reader uses beyond ``directed`` and ``root``."""
 
 
-_REGISTRY: dict[str, _Entry] = {}
+READERS: Registry[SourceFormat] = Registry("source format", error=SourceError)
+"""The source formats by name; a new one registers with `register_reader`."""
 
 
-def register_reader(name: str, reader: SourceReader, *, options: Iterable[str] = ()) -> None:
-    """Register ``reader`` under the format ``name``.
+def register_reader(name: str, reader: SourceReader, *, options: Iterable[str] = (),
+                    summary: str | None = None) -> None:
+    """Register ``reader`` under the format ``name`` in `READERS`.
 
     Parameters
     ----------
@@ -84,34 +93,26 @@ def register_reader(name: str, reader: SourceReader, *, options: Iterable[str] =
     options : iterable of str
         Options from `OPTION_NAMES` this reader uses beyond ``directed`` and ``root``;
         `read_source` refuses the others for this format.
+    summary : str, optional
+        One line for ``--help``; the first line of the reader's docstring by default.
 
     Raises
     ------
-    ValueError
-        ``name`` is already registered, malformed, or an option is unknown.
+    SourceError
+        (a `ValueError`) ``name`` is already registered, malformed, or an option is unknown.
     """
-    if not isinstance(name, str) or not _FORMAT_NAME.match(name):
-        raise ValueError(f"format name must match {_FORMAT_NAME.pattern} (got {name!r})")
-    if name in _REGISTRY:
-        raise ValueError(f"a reader for format {name!r} is already registered")
     options = frozenset(options)
     if options - set(OPTION_NAMES):
         unknown = sorted(options - set(OPTION_NAMES))
-        raise ValueError(f"unknown reader options {unknown} (known: {', '.join(OPTION_NAMES)})")
-    _REGISTRY[name] = _Entry(reader=reader, options=options)
+        raise SourceError(f"unknown reader options {unknown} (known: {', '.join(OPTION_NAMES)})")
+    if summary is None:  # the registry would read SourceFormat's docstring, not the reader's
+        summary = (reader.__doc__ or "").strip().partition("\n")[0].rstrip(".")
+    READERS.register(name, SourceFormat(reader, options), summary=summary)
 
 
 def available_formats() -> tuple[str, ...]:
     """Registered format names, sorted."""
-    return tuple(sorted(_REGISTRY))
-
-
-def _entry(name: str) -> _Entry:
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        known = ", ".join(available_formats())
-        raise SourceError(f"unknown source format {name!r} (known: {known})") from None
+    return READERS.names()
 
 
 def get_reader(name: str) -> SourceReader:
@@ -122,7 +123,7 @@ def get_reader(name: str) -> SourceReader:
     SourceError
         No such format; the message lists the known ones.
     """
-    return _entry(name).reader
+    return READERS.get(name).reader
 
 
 # --------------------------------------------------------------------------- detection
@@ -261,7 +262,7 @@ def read_source(
     origin = os.fspath(path)
     work_dir = Path(work_dir)
     if format is not None:
-        _entry(format)
+        READERS.get(format)
     p = Path(origin)
     if not p.exists():
         if is_ogb_name(origin) and format in (None, "ogb"):
@@ -280,10 +281,10 @@ def read_source(
     else:
         format = format or detect_format(p)
 
-    entry = _entry(format)
+    entry = READERS.get(format)
     for key in sorted(opts):
         if key not in _COMMON_OPTIONS and key not in entry.options:
-            users = sorted(n for n, e in _REGISTRY.items() if key in e.options)
+            users = READERS.names(where=lambda f: key in f.options)  # noqa: B023 (used at once)
             raise SourceError(
                 f"option {key!r} is not used by the {format} reader (only by: {', '.join(users) or 'none'})"
             )
@@ -292,8 +293,11 @@ def read_source(
     return entry.reader(p, ctx)
 
 
-register_reader("edgelist", read_edgelist, options=("features", "labels", "num_nodes"))
-register_reader("kg", read_kg)
-register_reader("npz", read_npz)
-register_reader("ogb", read_ogb, options=("split",))
-register_reader("planetoid", read_planetoid)
+register_reader("edgelist", read_edgelist, options=("features", "labels", "num_nodes"),
+                summary="an edge list file, or edges.{txt,csv,tsv} [+ features.npy, labels.npy]")
+register_reader("kg", read_kg, summary="train/valid/test.txt triples, directory or .tar.gz")
+register_reader("npz", read_npz, summary="gnn-benchmark .npz (adj_*, attr_*, labels), plain or zipped")
+register_reader("ogb", read_ogb, options=("split",),
+                summary="OGB raw layout (raw/*.csv.gz or raw/data.npz, split/<name>/...)")
+register_reader("planetoid", read_planetoid,
+                summary="raw/ind.<name>.{x,y,tx,ty,allx,ally,graph,test.index}")

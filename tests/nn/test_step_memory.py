@@ -196,14 +196,14 @@ def test_cuda_replay_bounds_the_cpu_one(graph, kind):
     # No GPU here: the CUDA variant (blocks rounded up, bool dropout masks, foreach Adam) is
     # only replayed. Rounding adds to every allocation, so on an activation-bound step it
     # can only raise the peak.
-    from graphstore.nn import memory
+    from graphstore.nn import step_memory
 
     dense = sample_dense(graph, torch.arange(100), (10, 10, 10), generator=torch.Generator().manual_seed(10))
     model = GNN(kind, in_dim=32, hidden_dim=64, out_dim=7, num_layers=3, heads=2, num_relations=3, num_bases=2)
-    layers = tuple(memory._layer_spec(layer, kind) for layer in model.layers)
+    layers = tuple(step_memory._layer_spec(layer, kind) for layer in model.layers)
     params = tuple(p.numel() * 4 for p in model.parameters())
-    x = memory._size_vector(memory.dense_sizes(dense))
-    cpu, cuda = (float((memory._compile(layers, 4, False, params, "adam", True, False, on_cuda) @ x).max())
+    x = step_memory._size_vector(step_memory.dense_sizes(dense))
+    cpu, cuda = (float((step_memory._compile(layers, 4, False, params, "adam", True, False, on_cuda) @ x).max())
                  for on_cuda in (False, True))
     assert cpu == estimate_step_memory(model, dense).peak_bytes
     assert cpu < cuda < 1.1 * cpu

@@ -1,4 +1,7 @@
-"""The buffer's memory: partition slots allocated once, and which partition each slot holds.
+"""The buffer's slots: partition rows allocated once, and which partition each slot holds.
+
+Not to be confused with the byte budget that sizes them (`graphstore.buffer.budget`) or
+with a training step's memory (`graphstore.nn.step_memory`).
 
 A buffer of ``num_slots`` slots holds one partition per slot in preallocated tensors
 (pinned when CUDA is present, so copies to the GPU are asynchronous)::
@@ -31,7 +34,7 @@ import numpy as np
 import torch
 
 from graphstore.errors import ConfigError
-from graphstore.layout._chunkio import aligned_empty
+from graphstore.layout import aligned_empty
 from graphstore.layout.store import Store
 
 __all__ = ["BufferMemory", "SlotPlan", "assign_slots", "lookahead_within", "slots_needed"]

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 import graphstore
 from graphstore.buffer import BufferManager, BufferMemory, StaticCache, plan_epoch, static_cache_ids
 from graphstore.buffer.budget import capacity_for_budget, footprint
-from graphstore.buffer.memory import assign_slots, lookahead_within, slots_needed
 from graphstore.buffer.resident import build_resident_graph
+from graphstore.buffer.slots import assign_slots, lookahead_within, slots_needed
 from graphstore.errors import ConfigError
 from graphstore.layout._convert import ConvertOptions, convert
 from tests.buffer.helpers import assert_same_graph

@@ -1,0 +1,32 @@
+"""Loaders: an epoch of training batches from a store, through the buffer and the samplers.
+
+This is the machinery the trainer scripts use, for user code: a loader resolves a scheme
+(`schemes`) into typed settings (`settings`) once, then runs each epoch as a chain of
+stages (`stages`), each with one job and typed items in and out::
+
+    Planner -> BufferWalk -> NodeTargets -> NeighbourSampling -> GatherRows [-> MicroBatchSplit]
+    Planner -> BufferWalk -> EdgeTargets -> Negatives [-> EdgeNeighbourSampling]
+
+Every choice a loader makes is in its ``settings`` (printed and recorded by the trainers).
+Randomness comes from ``(seed, epoch)`` alone (`seeds`), so an epoch can be replayed (the
+trainers' ``--resume`` relies on it).
+"""
+
+from graphstore.loaders.batches import EdgeBatch, EdgeIndex, NodeBatch
+from graphstore.loaders.edge import EdgeLoader
+from graphstore.loaders.node import NodeLoader
+from graphstore.loaders.schemes import SCHEMES, Scheme
+from graphstore.loaders.settings import EdgeLoaderSettings, LoaderSettings, NodeLoaderSettings
+
+__all__ = [
+    "SCHEMES",
+    "EdgeBatch",
+    "EdgeIndex",
+    "EdgeLoader",
+    "EdgeLoaderSettings",
+    "LoaderSettings",
+    "NodeBatch",
+    "NodeLoader",
+    "NodeLoaderSettings",
+    "Scheme",
+]

@@ -1,0 +1,125 @@
+"""What node and edge loaders share: resolving a scheme into settings, the planner and the
+buffer walk, and the epoch's buffer counters."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from graphstore.buffer import BufferMemory, BufferStats, StaticCache
+from graphstore.buffer.budget import BufferFootprint, capacity_for_budget
+from graphstore.buffer.policies import EpochPlan
+from graphstore.errors import ConfigError, OutOfCoreWarning
+from graphstore.layout.embeddings import EmbeddingTable
+from graphstore.layout.store import Store
+from graphstore.loaders.schemes import SCHEMES, Scheme
+from graphstore.loaders.stages import BufferWalk, Planner
+
+__all__ = ["BufferedLoader"]
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, OutOfCoreWarning, stacklevel=4)
+
+
+def _warn_if_partitions_scatter(store: Store, capacity: int) -> None:
+    """Warn once when the store's partitions cut so many edges that a partition-based
+    scheme would lose most of a target's neighbours (e.g. random partitions)."""
+    info = store.manifest.partitioner or {}
+    cut, p = info.get("edge_cut"), store.num_partitions
+    if cut is None or p <= 1 or capacity >= p:
+        return
+    # A cut edge leads to a uniformly random other partition, resident with probability
+    # (c - 1) / (p - 1); an uncut edge stays with its target.
+    kept = (1 - cut) + cut * (capacity - 1) / (p - 1)
+    if kept < 0.5:
+        _warn_once(f"{store.path}: its {info.get('method', '?')} partitions cut {cut:.1%} of the edges, so with "
+                  f"{capacity} of {p} partitions resident a target keeps about {kept:.0%} of its neighbours; "
+                  f"convert with --partitioner metis (or stream, for graphs METIS cannot hold), or use the "
+                  f"minibatch scheme")
+
+
+def resolve_scheme(name: str, task: str) -> Scheme:
+    """The registered scheme ``name``, checked to serve ``task``."""
+    if name not in SCHEMES:
+        raise ConfigError(f"scheme must be one of {SCHEMES.names(lambda s: task in s.tasks)} (got {name!r})")
+    scheme = SCHEMES.get(name)
+    if task not in scheme.tasks:
+        serving = [n for n in SCHEMES.names() if task in SCHEMES.get(n).tasks]
+        other = "node classification" if task == "link" else "link prediction"
+        raise ConfigError(f"{'link prediction' if task == 'link' else 'node classification'} runs the "
+                          f"{' or '.join(serving)} scheme ({name} is for {other})")
+    return scheme
+
+
+class BufferedLoader:
+    """Resolves the scheme, the capacity and the static cache once; owns the `Planner` and
+    the `BufferWalk` every epoch starts from. Subclasses set ``task`` and the stages."""
+
+    task = "node"
+
+    def __init__(self, store: Store, *, scheme: str, policy: str | None, capacity: int | None,
+                 buffer_bytes: int | None, seed: int, prefetch: bool, embedding_dim: int = 0,
+                 cache_fraction: float | None = 0.0, policy_options: dict[str, Any] | None = None,
+                 train_partitions: Sequence[int] = (), embeddings: EmbeddingTable | None = None) -> None:
+        self.scheme_spec = resolve_scheme(scheme, self.task)
+        if capacity is not None and buffer_bytes is not None:
+            raise ConfigError("give the buffer as partitions (capacity) or as bytes (buffer_bytes), not both")
+        self.store, self.scheme, self.seed, self.prefetch = store, scheme, int(seed), bool(prefetch)
+        p = store.num_partitions
+        self.policy = policy or self.scheme_spec.policy(self.task, p, capacity, train_partitions)
+        self.options = dict(policy_options or {})
+        self.cache = StaticCache.choose(store, cache_fraction)
+        self.cache_fraction = 0.0 if self.cache is None else self.cache.fraction
+        self.footprint: BufferFootprint | None = None
+        if self.scheme_spec.whole_graph:
+            c = p
+        elif buffer_bytes is not None:
+            c, self.footprint = capacity_for_budget(
+                store, buffer_bytes, self.policy, prefetch=prefetch, embedding_dim=embedding_dim,
+                static_cache=self.cache, seed=seed, **self._plan_options())
+        elif capacity is not None:
+            c = int(capacity)
+        else:
+            c = self.scheme_spec.capacity(p)
+        self.capacity = min(c, p)
+        if not self.scheme_spec.whole_graph:
+            _warn_if_partitions_scatter(store, self.capacity)
+        self.buffer_bytes = buffer_bytes
+        self.embedding_dim = embedding_dim
+        self.planner = Planner(store, self.policy, self.capacity, self.seed, self._plan_options())
+        self.walk = BufferWalk(store, self.planner, prefetch=self.prefetch, embedding_dim=embedding_dim,
+                               cache=self.cache, embeddings=embeddings)
+
+    def _common_settings(self) -> dict[str, Any]:
+        return {"scheme": self.scheme, "policy": self.policy, "num_partitions": self.store.num_partitions,
+                "capacity": self.capacity, "buffer_bytes": self.buffer_bytes, "prefetch": self.prefetch,
+                "seed": self.seed, "static_cache_fraction": self.cache_fraction,
+                "static_cache_nodes": 0 if self.cache is None else self.cache.num_nodes}
+
+    def _plan_options(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """The epoch's `EpochPlan` (a pure function of the settings and ``epoch``)."""
+        return self.planner.plan(epoch)
+
+    @property
+    def memory(self) -> BufferMemory | None:
+        """The buffer's slot memory (allocated by the first epoch, kept for the run)."""
+        return self.walk.memory
+
+    @property
+    def epoch_stats(self) -> list[BufferStats]:
+        """The buffer's counters of every epoch run, in order."""
+        return self.walk.epoch_stats
+
+    @property
+    def last_stats(self) -> BufferStats | None:
+        """The buffer's counters of the last epoch run (None before the first)."""
+        return self.walk.epoch_stats[-1] if self.walk.epoch_stats else None

@@ -1,0 +1,191 @@
+"""`NodeLoader`: batches of a node split's targets with their sampled neighbourhoods."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from graphstore.buffer.policies import EpochPlan
+from graphstore.errors import ConfigError
+from graphstore.layout.store import Store
+from graphstore.loaders.base import BufferedLoader
+from graphstore.loaders.batches import NodeBatch
+from graphstore.loaders.schemes import SCHEMES
+from graphstore.loaders.settings import NodeLoaderSettings
+from graphstore.loaders.stages import (
+    EpochContext,
+    GatherRows,
+    MicroBatchSplit,
+    NeighbourSampling,
+    NodeTargets,
+    Stage,
+    run_stages,
+)
+from graphstore.sample import STRATEGIES
+from graphstore.sample.microbatch import DenseSizes
+
+__all__ = ["NodeLoader"]
+
+
+class NodeLoader(BufferedLoader):
+    """Batches of a node split's nodes, each with its sampled neighbourhood (`NodeBatch`).
+
+    An epoch is the stages ``BufferWalk -> NodeTargets -> NeighbourSampling -> GatherRows
+    [-> MicroBatchSplit]`` (`graphstore.loaders.stages`).
+
+    Parameters
+    ----------
+    store : Store
+        An open store with labels and features.
+    split : str
+        Node split whose nodes are the targets (``"train"``, ``"valid"``, ``"test"``).
+    fanouts : sequence of int
+        Per hop, nearest first; -1 = all neighbours.
+    batch_size : int
+        Targets per batch.
+    scheme : str
+        A registered scheme (`graphstore.loaders.SCHEMES`: minibatch, megabatch, disk,
+        microbatch); see `graphstore.loaders.schemes`.
+    policy : str, optional
+        Override the scheme's policy (``sequential``, ``dispersed``, ``hierbatching``...).
+    capacity : int, optional
+        Partitions resident; default by scheme.
+    buffer_bytes : int, optional
+        A byte budget instead of ``capacity`` (`capacity_for_budget`).
+    reuse : int, optional
+        Passes over each state's targets (megabatch default 2, else 1).
+    static_cache : float, optional
+        Fraction of nodes in the static cache: the store's hub group must be for that
+        fraction (``graphstore hubs STORE --fraction F``); 0 = none. Default for the
+        megabatch scheme: the store's hub group (1 % of the nodes unless converted
+        otherwise), or none, with a warning, for a store without one.
+    shuffle : bool
+        Shuffle targets in each pass (off for evaluation: every target exactly once).
+    nodes : array of int, optional
+        Store ids to use as targets instead of ``split``'s nodes.
+    seed : int
+        With the epoch number, all randomness of an epoch.
+    prefetch : bool
+        Load the next state in the background.
+    micro_batches, micro_batch_budget : int, optional
+        Split every batch into K micro-batches, or into the fewest whose training step
+        fits the budget in bytes by ``step_estimator`` (Betty); required by the
+        ``microbatch`` scheme, allowed with the others (micro-batches of a mega-batch).
+    micro_strategy : str
+        How targets are grouped (`graphstore.sample.STRATEGIES`; ``reg`` by default).
+    step_estimator : callable, optional
+        ``DenseSizes -> bytes`` of a training step (`graphstore.nn.step_estimator(model)`),
+        needed with ``micro_batch_budget``.
+
+    Examples
+    --------
+    Typical use::
+
+        loader = NodeLoader(store, split="train", fanouts=(10, 5), batch_size=512, scheme="megabatch")
+        for epoch in range(3):
+            for batch in loader.epoch(epoch):
+                loss = F.cross_entropy(model(batch.features, batch.dense), batch.labels)
+    """
+
+    task = "node"
+
+    def __init__(self, store: Store, *, split: str = "train", fanouts: Sequence[int], batch_size: int,
+                 scheme: str = "minibatch", policy: str | None = None, capacity: int | None = None,
+                 buffer_bytes: int | None = None, reuse: int | None = None, static_cache: float | None = None,
+                 shuffle: bool = True, seed: int = 0, prefetch: bool = True, direction: str = "in",
+                 nodes=None, micro_batches: int | None = None, micro_batch_budget: int | None = None,
+                 micro_strategy: str = "reg",
+                 step_estimator: Callable[[DenseSizes], int] | None = None) -> None:
+        if not store.manifest.has_labels:
+            raise ConfigError(f"{store.path}: node classification needs labels; the store has none")
+        if int(batch_size) < 1:
+            raise ConfigError(f"batch_size must be >= 1 (got {batch_size})")
+        self.split = split if nodes is None else "custom"
+        if nodes is None:
+            self.targets = np.asarray(store.read_node_split(split), dtype=np.int64)
+        else:
+            self.targets = np.unique(np.asarray(nodes, dtype=np.int64))
+            if self.targets.size and (self.targets[0] < 0 or self.targets[-1] >= store.num_nodes):
+                raise ConfigError(f"nodes must be store ids in [0, {store.num_nodes})")
+        self.fanouts, self.batch_size, self.shuffle, self.direction = tuple(fanouts), int(batch_size), shuffle, direction
+        self.train_partitions = np.unique(self.targets // store.partition_size).tolist()
+        # The base class reports an unknown scheme; here only the defaults it implies matter.
+        scheme_spec = SCHEMES.get(scheme) if scheme in SCHEMES else None
+        default_policy_cache = scheme_spec is not None and scheme_spec.static_cache and (
+            policy is None or policy == scheme_spec.policy(self.task, store.num_partitions, capacity,
+                                                           self.train_partitions))
+        if static_cache is None and not default_policy_cache:
+            static_cache = 0.0  # only HierBatching has a static cache by default
+        self.reuse = int(reuse) if reuse is not None else (scheme_spec.reuse if scheme_spec else 1)
+        super().__init__(store, scheme=scheme, policy=policy, capacity=capacity, buffer_bytes=buffer_bytes,
+                         seed=seed, prefetch=prefetch, cache_fraction=static_cache,
+                         train_partitions=self.train_partitions)
+        self.micro = self._micro_stage(micro_batches, micro_batch_budget, micro_strategy, step_estimator)
+        self.settings = NodeLoaderSettings(
+            **self._common_settings(), split=self.split, fanouts=self.fanouts, batch_size=self.batch_size,
+            reuse=self.reuse, shuffle=shuffle, num_targets=int(self.targets.size),
+            micro_batches=micro_batches if self.micro else None,
+            micro_batch_budget=micro_batch_budget if self.micro else None,
+            micro_strategy=micro_strategy if self.micro else None)
+
+    def _micro_stage(self, k: int | None, budget: int | None, strategy: str,
+                     estimator: Callable[[DenseSizes], int] | None) -> MicroBatchSplit | None:
+        if k is None and budget is None:
+            if self.scheme_spec.split_batches:
+                raise ConfigError(f"scheme {self.scheme!r} needs micro_batches K or micro_batch_budget BYTES")
+            return None
+        if k is not None and budget is not None:
+            raise ConfigError("give micro_batches or micro_batch_budget, not both")
+        STRATEGIES.get(strategy)  # an unknown strategy fails here, naming the known ones
+        return MicroBatchSplit(num_micro_batches=k, budget=budget, strategy=strategy, seed=self.seed,
+                               estimator=estimator)
+
+    @property
+    def micro_stats(self) -> dict[str, int] | None:
+        """Micro-batching counters of the last epoch (`MicroBatchSplit`), or None without it."""
+        return None if self.micro is None else self.micro.stats
+
+    def _plan_options(self) -> dict[str, Any]:
+        options = dict(self.options, train_partitions=self.train_partitions)
+        if self.policy == "hierbatching":
+            options["reuse"] = self.reuse
+        return options
+
+    def stages(self) -> list[Stage]:
+        """The stages after the buffer walk, in order."""
+        stages: list[Stage] = [
+            NodeTargets(self.targets, partition_size=self.store.partition_size, batch_size=self.batch_size,
+                        shuffle=self.shuffle, passes=self._passes),
+            NeighbourSampling(self.fanouts, direction=self.direction),
+            GatherRows(),
+        ]
+        return stages + ([self.micro] if self.micro is not None else [])
+
+    def __len__(self) -> int:
+        """Batches of epoch 0 (`num_batches`)."""
+        return self.num_batches(0)
+
+    def num_batches(self, epoch: int) -> int:
+        """Batches of ``epoch`` (with ``reuse`` passes; states cut batches separately)."""
+        plan = self.plan(epoch)
+        per_state = plan.target_states(self.targets // self.store.partition_size)
+        return sum(passes * math.ceil(len(mine) / self.batch_size)
+                   for mine, passes in zip(per_state, self._passes(plan)))
+
+    def _passes(self, plan: EpochPlan) -> list[int]:
+        passes = getattr(plan, "passes", None)
+        if passes is None:
+            return [1] * len(plan.states)
+        return [int(x) for x in passes] if self.policy == "hierbatching" else [int(x) * self.reuse for x in passes]
+
+    def epoch(self, epoch: int, *, lookahead: bool = True) -> Iterator[NodeBatch]:
+        """The batches of ``epoch`` (each valid until the next one is requested); with
+        ``lookahead``, the next epoch's first partitions are read during the last state."""
+        ctx = EpochContext(epoch, self.plan(epoch), self.seed)
+        yield from run_stages(self.walk.states(ctx, lookahead=lookahead), self.stages(), ctx)
+
+    def __repr__(self) -> str:
+        return f"<NodeLoader {self.settings.to_dict()}>"

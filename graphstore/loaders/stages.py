@@ -1,0 +1,353 @@
+"""The stages an epoch flows through, each with one job and typed items in and out.
+
+::
+
+    Planner ──EpochPlan──> BufferWalk ──LoadedState──> NodeTargets ──TargetBatch──>
+        NeighbourSampling ──SampledBatch──> GatherRows ──NodeBatch──> [MicroBatchSplit] ──NodeBatch
+
+    Planner ──EpochPlan──> BufferWalk ──LoadedState──> EdgeTargets ──PositiveEdges──>
+        Negatives ──EdgeBatch──> [EdgeNeighbourSampling] ──EdgeBatch
+
+A stage is a callable ``stage(items, ctx) -> iterator``: it consumes the previous stage's
+items lazily and yields its own, so the buffer's next state loads while this state's
+batches train. Each stage that draws takes its own random stream from the `EpochContext`
+(``ctx.generator(salt)``), so an epoch replays exactly and adding a stage never shifts
+another's draws. `run_stages` chains them and closes every stage when the consumer stops,
+so the buffer is closed (and embeddings written back) however the epoch ends.
+
+New schemes (macro-batching, distributed sharding, ``to_pyg()``/``to_dgl()``) are new
+stages in this chain, not branches inside one generator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
+
+import numpy as np
+import torch
+
+from graphstore.buffer import BufferManager, BufferMemory, BufferStats, StaticCache, plan_epoch
+from graphstore.buffer.manager import LoadedState
+from graphstore.buffer.policies import EpochPlan
+from graphstore.buffer.resident import ResidentGraph
+from graphstore.buffer.slots import lookahead_within, slots_needed
+from graphstore.errors import ConfigError
+from graphstore.layout.embeddings import EmbeddingTable
+from graphstore.layout.store import Store
+from graphstore.loaders.batches import EdgeBatch, EdgeIndex, NodeBatch
+from graphstore.loaders.seeds import epoch_generator, epoch_seed
+from graphstore.sample import DENSE, Batch, choose_micro_batches, sample_dense, split_dense
+from graphstore.sample.dense import new_workspace
+from graphstore.sample.microbatch import DenseSizes
+from graphstore.sample.negatives import sample_negatives
+
+__all__ = [
+    "BufferWalk", "EdgeNeighbourSampling", "EdgeTargets", "EpochContext", "GatherRows", "MicroBatchSplit",
+    "Negatives", "NeighbourSampling", "NodeTargets", "Planner", "PositiveEdges", "SampledBatch", "Stage",
+    "TargetBatch", "run_stages",
+]
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+# Random streams by purpose (values fixed: recorded runs replay with them).
+SALT_NODE_ORDER, SALT_NODE_SAMPLE = 1, 2
+SALT_EDGE_ORDER, SALT_NEGATIVES, SALT_EDGE_SAMPLE = 3, 4, 5
+SALT_MICRO_SPLIT = 13  # an `epoch_seed` salt: the micro-batch splitters take integer seeds
+
+
+@dataclass(frozen=True, slots=True)
+class EpochContext:
+    """What every stage of one epoch may read."""
+
+    epoch: int
+    plan: EpochPlan
+    seed: int
+
+    def generator(self, salt: int) -> torch.Generator:
+        """The epoch's random stream for one purpose."""
+        return epoch_generator(self.seed, self.epoch, salt)
+
+
+class Stage(Protocol[In, Out]):
+    def __call__(self, items: Iterator[In], ctx: EpochContext) -> Iterator[Out]: ...
+
+
+def run_stages(source: Iterator, stages: Sequence[Stage], ctx: EpochContext) -> Iterator:
+    """Chain ``stages`` after ``source`` and yield the last one's items; every stage is
+    closed when the consumer stops (early, by an error, or at the end), last first, so
+    the source (the buffer walk) finishes its clean-up after everything that used it."""
+    streams = [source]
+    for stage in stages:
+        streams.append(stage(streams[-1], ctx))
+    try:
+        yield from streams[-1]
+    finally:
+        for stream in reversed(streams):
+            stream.close()
+
+
+# ------------------------------------------------------------------ items between stages
+
+
+@dataclass(frozen=True, slots=True)
+class TargetBatch:
+    """Targets of one batch, in the state's local ids."""
+
+    graph: ResidentGraph
+    targets: torch.Tensor
+    """int64 [B] local ids."""
+
+
+@dataclass(frozen=True, slots=True)
+class SampledBatch:
+    """A batch's sampled neighbourhood, before its rows are gathered."""
+
+    graph: ResidentGraph
+    dense: DENSE
+
+
+@dataclass(frozen=True, slots=True)
+class PositiveEdges:
+    """Positive edges of one batch, in the state's local ids."""
+
+    graph: ResidentGraph
+    src: torch.Tensor
+    """int64 [B]."""
+    dst: torch.Tensor
+    """int64 [B]."""
+    rel: torch.Tensor
+    """int64 [B] relation ids (zeros without relations)."""
+
+
+# ------------------------------------------------------------------ plan and buffer
+
+
+class Planner:
+    """Settings -> each epoch's `EpochPlan` (a pure function of them and the epoch)."""
+
+    def __init__(self, store: Store, policy: str, capacity: int, seed: int, options: dict) -> None:
+        self.store, self.policy, self.capacity, self.seed = store, policy, capacity, seed
+        self.options = dict(options)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        return plan_epoch(self.policy, num_partitions=self.store.num_partitions, capacity=self.capacity,
+                          epoch=epoch, seed=self.seed, **self.options)
+
+
+class BufferWalk:
+    """Source stage: the epoch's states through a `BufferManager` (the next state read in
+    the background), with the slot memory allocated once for the run."""
+
+    def __init__(self, store: Store, planner: Planner, *, prefetch: bool, embedding_dim: int,
+                 cache: StaticCache | None, embeddings: EmbeddingTable | None = None) -> None:
+        self.store, self.planner, self.prefetch = store, planner, prefetch
+        self.embedding_dim, self.cache, self.embeddings = embedding_dim, cache, embeddings
+        self.memory: BufferMemory | None = None
+        self.epoch_stats: list[BufferStats] = []
+
+    def states(self, ctx: EpochContext, *, lookahead: bool) -> Iterator[LoadedState]:
+        states = ctx.plan.states
+        # The next epoch's first state is read while this epoch's last state trains, as much
+        # of it as fits in the slots this epoch needs (the budget counted no more).
+        ahead = lookahead_within(states, self.planner.plan(ctx.epoch + 1).states[0] if lookahead else None,
+                                 prefetch=self.prefetch)
+        need = slots_needed(list(states) + ([ahead] if ahead else []), prefetch=self.prefetch)
+        if self.memory is None or self.memory.num_slots < need:
+            # Allocated once for the run (re-allocated only if a later epoch needs more slots).
+            self.memory = BufferMemory.allocate(
+                self.store, need, embedding_dim=self.embedding_dim,
+                cache_rows=0 if self.cache is None else self.cache.num_nodes)
+        buffer = BufferManager(self.store, states, prefetch=self.prefetch, memory=self.memory,
+                               embeddings=self.embeddings, static_cache=self.cache, lookahead=ahead)
+        try:
+            yield from buffer
+        finally:
+            buffer.close()
+            self.epoch_stats.append(buffer.stats)
+
+
+# ------------------------------------------------------------------ node classification
+
+
+class NodeTargets:
+    """Each state's targets (all of its training partitions' nodes, or with DISPERSED a
+    random share), shuffled per pass, cut into batches."""
+
+    def __init__(self, targets: np.ndarray, *, partition_size: int, batch_size: int, shuffle: bool,
+                 passes: Callable[[EpochPlan], list[int]]) -> None:
+        self.targets, self.partition_size = targets, partition_size
+        self.batch_size, self.shuffle, self.passes = batch_size, shuffle, passes
+
+    def __call__(self, states: Iterator[LoadedState], ctx: EpochContext) -> Iterator[TargetBatch]:
+        order_gen = ctx.generator(SALT_NODE_ORDER)
+        passes = self.passes(ctx.plan)
+        per_state = ctx.plan.target_states(self.targets // self.partition_size)
+        for loaded in states:
+            g = loaded.graph
+            local = g.to_local(self.targets[per_state[loaded.index]])
+            for _ in range(passes[loaded.index]):
+                ids = local[torch.randperm(local.numel(), generator=order_gen)] if self.shuffle else local
+                for start in range(0, ids.numel(), self.batch_size):
+                    yield TargetBatch(g, ids[start:start + self.batch_size])
+
+
+class NeighbourSampling:
+    """DENSE over each batch's targets, within the resident graph."""
+
+    def __init__(self, fanouts: Sequence[int], *, direction: str = "in", salt: int = SALT_NODE_SAMPLE) -> None:
+        self.fanouts, self.direction, self.salt = tuple(fanouts), direction, salt
+
+    def __call__(self, batches: Iterator[TargetBatch], ctx: EpochContext) -> Iterator[SampledBatch]:
+        generator = ctx.generator(self.salt)
+        workspace = None
+        for b in batches:
+            g = b.graph
+            if workspace is None or workspace.numel() != g.num_nodes:
+                workspace = new_workspace(g)
+            yield SampledBatch(g, sample_dense(g, b.targets, self.fanouts, generator=generator,
+                                               workspace=workspace, direction=self.direction,
+                                               return_edge_ids=g.rel is not None))
+
+
+class GatherRows:
+    """The sampled nodes' feature rows and the targets' labels, from the resident rows."""
+
+    def __call__(self, batches: Iterator[SampledBatch], ctx: EpochContext) -> Iterator[NodeBatch]:
+        for b in batches:
+            gathered = Batch.gather(b.dense, b.graph.features, b.graph.labels)
+            yield NodeBatch(gathered.dense, gathered.features, gathered.labels.long(), b.graph)
+
+
+class MicroBatchSplit:
+    """Betty's micro-batches: each batch split into K (fixed) or the fewest whose training
+    step fits ``budget`` bytes by ``estimator``; the batch carries them in
+    ``micro_batches`` and the trainer accumulates their gradients into one update.
+
+    ``stats`` (reset every epoch) counts batches, micro-batches, the largest and last K, and
+    input rows with and without the split (the duplication micro-batching costs). With a
+    budget, each batch's search for K starts from the previous batch's K; the first batch
+    of every epoch starts from 1, so a resumed run chooses the same Ks."""
+
+    def __init__(self, *, num_micro_batches: int | None, budget: int | None, strategy: str, seed: int,
+                 estimator: Callable[[DenseSizes], int] | None = None) -> None:
+        if (num_micro_batches is None) == (budget is None):
+            raise ConfigError("micro-batching needs micro_batches K or micro_batch_budget BYTES (one of them)")
+        if budget is not None and estimator is None:
+            raise ConfigError("micro_batch_budget needs a step-memory estimator "
+                              "(graphstore.nn.step_estimator(model))")
+        self.num_micro_batches, self.budget, self.strategy = num_micro_batches, budget, strategy
+        self.seed, self.estimator = seed, estimator
+        self.stats: dict[str, int] = {}
+
+    def __call__(self, batches: Iterator[NodeBatch], ctx: EpochContext) -> Iterator[NodeBatch]:
+        stats: dict[str, int] = {}
+        self.stats = stats
+        base = epoch_seed(self.seed, ctx.epoch, salt=SALT_MICRO_SPLIT)
+        for step, batch in enumerate(batches):
+            if self.budget is not None:
+                parts = choose_micro_batches(batch.dense, self.budget, estimator=self.estimator,
+                                             strategy=self.strategy, seed=base + step,
+                                             start_k=stats.get("last_k", 1))
+            else:
+                parts = split_dense(batch.dense, min(self.num_micro_batches, batch.dense.num_targets),
+                                    strategy=self.strategy, seed=base + step)
+            stats["batches"] = stats.get("batches", 0) + 1
+            stats["micro_batches"] = stats.get("micro_batches", 0) + len(parts)
+            stats["max_k"] = max(stats.get("max_k", 0), len(parts))
+            stats["last_k"] = len(parts)
+            stats["input_rows"] = stats.get("input_rows", 0) + sum(int(p.dense.num_nodes) for p in parts)
+            stats["batch_input_rows"] = stats.get("batch_input_rows", 0) + int(batch.dense.num_nodes)
+            yield replace(batch, micro_batches=tuple(parts))
+
+
+# ------------------------------------------------------------------ link prediction
+
+
+class EdgeTargets:
+    """Each state's training edges (the buckets the plan gives it, `ResidentGraph.
+    training_edges`), shuffled, cut into batches of positives."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+
+    def __call__(self, states: Iterator[LoadedState], ctx: EpochContext) -> Iterator[PositiveEdges]:
+        order_gen = ctx.generator(SALT_EDGE_ORDER)
+        bucket_states = ctx.plan.bucket_states
+        for loaded in states:
+            g = loaded.graph
+            src, dst, edges = g.training_edges(bucket_states, loaded.index)
+            order = torch.randperm(edges.numel(), generator=order_gen)
+            src, dst, edges = src[order], dst[order], edges[order]
+            for start in range(0, edges.numel(), self.batch_size):
+                e = edges[start:start + self.batch_size]
+                rel = g.rel[e] if g.rel is not None else torch.zeros(e.numel(), dtype=torch.int64)
+                yield PositiveEdges(g, src[start:start + self.batch_size], dst[start:start + self.batch_size], rel)
+
+
+class Negatives:
+    """Negatives for each batch of positives, shared by chunks (MariusGNN's ``num_chunks``,
+    ``degree_fraction``), drawn among the state's resident nodes."""
+
+    def __init__(self, *, negatives: int, num_chunks: int, degree_fraction: float) -> None:
+        self.negatives, self.num_chunks, self.degree_fraction = negatives, num_chunks, degree_fraction
+
+    def __call__(self, positives: Iterator[PositiveEdges], ctx: EpochContext) -> Iterator[EdgeBatch]:
+        generator = ctx.generator(SALT_NEGATIVES)
+        graph = resident = degrees = None
+        for pos in positives:
+            g = pos.graph
+            if g is not graph:  # a new state: its candidates, once
+                graph, resident = g, g.resident_nodes()
+                degrees = g.indptr.diff().to(torch.float64) if self.degree_fraction > 0 else None
+            b = pos.src.numel()
+            negs = sample_negatives(
+                b, num_chunks=min(self.num_chunks, max(1, b)), negatives_per_positive=self.negatives,
+                num_nodes=g.num_nodes, generator=generator, degree_fraction=self.degree_fraction,
+                candidates=resident, degrees=degrees)
+            yield EdgeBatch(pos.src, pos.dst, pos.rel, negs, g)
+
+
+class EdgeNeighbourSampling:
+    """For a GNN encoder: DENSE over each batch's distinct endpoints and negatives."""
+
+    def __init__(self, fanouts: Sequence[int]) -> None:
+        self.fanouts = tuple(fanouts)
+
+    def __call__(self, batches: Iterator[EdgeBatch], ctx: EpochContext) -> Iterator[EdgeBatch]:
+        generator = ctx.generator(SALT_EDGE_SAMPLE)
+        workspace = None
+        for batch in batches:
+            g, src, dst, negs = batch.graph, batch.src, batch.dst, batch.negatives
+            if workspace is None or workspace.numel() != g.num_nodes:
+                workspace = new_workspace(g)
+            nodes, inverse = torch.unique(torch.cat([src, dst, negs.nodes.flatten()]), return_inverse=True)
+            # Targets in store-id order (not local-id order, which depends on the slots), so
+            # the sampler consumes its random stream the same way under any slot layout.
+            order = torch.argsort(g.node_ids[nodes])
+            rank = torch.empty_like(order)
+            rank[order] = torch.arange(order.numel())
+            nodes, inverse = nodes[order], rank[inverse]
+            b = src.numel()
+            index = EdgeIndex(inverse[:b], inverse[b:2 * b], inverse[2 * b:].view(negs.nodes.shape))
+            dense = sample_dense(g, nodes, self.fanouts, generator=generator, workspace=workspace,
+                                 return_edge_ids=g.rel is not None)
+            yield replace(batch, dense=dense, nodes=nodes, index=index)
+
+
+def bucket_edge_counts(plan: EpochPlan, bucket_sizes: np.ndarray) -> list[int]:
+    """Training edges of each state of ``plan`` (``bucket_sizes[i, j]``: edges of bucket
+    (i, j)); one entry for a plan without buckets (the whole graph in one state)."""
+    if plan.bucket_states is None:
+        return [int(bucket_sizes.sum())]
+    states = np.asarray(plan.bucket_states)
+    return np.bincount(states.ravel(), weights=bucket_sizes.ravel(), minlength=len(plan.states)).astype(
+        np.int64).tolist()
+
+
+def batches_of(counts: Sequence[int], batch_size: int) -> int:
+    """Batches of ``batch_size`` when each count is cut separately."""
+    return int(sum(math.ceil(n / batch_size) for n in counts))

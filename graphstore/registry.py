@@ -1,0 +1,134 @@
+"""One shape for every "pick an implementation by name" choice in graphstore.
+
+Readers (source formats), partitioners, buffer policies, micro-batch strategies and loader
+schemes are each a `Registry`: a name maps to an object (a function, a `Policy`, a scheme)
+with a one-line summary. Registering a new one is a decorator (or a call) in the module
+that implements it; the command line and the trainers ask the registry for the choices and
+print its `help_text` in ``--help``, so a new entry shows up everywhere without an edit
+elsewhere::
+
+    from graphstore.buffer.policies import POLICIES
+
+    @POLICIES.register("round_robin", summary="...")      # or POLICIES.register(name, obj)
+    def plan_round_robin(...): ...
+
+    POLICIES.get("round_robin")       # the object; an unknown name raises with the known ones
+    POLICIES.names()                  # sorted names, e.g. for argparse ``choices``
+
+(zarr-python keeps its codecs and stores the same way, and fsspec its caches.)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from graphstore.errors import ConfigError
+
+__all__ = ["Entry", "Registry"]
+
+T = TypeVar("T")
+
+_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry(Generic[T]):
+    """One registered implementation."""
+
+    name: str
+    """The key users type (lower case, ``[a-z][a-z0-9_-]*``)."""
+    value: T
+    """What the name stands for (a function, a `Policy`, a scheme object...)."""
+    summary: str
+    """One line for ``--help`` and error messages."""
+
+
+class Registry(Generic[T]):
+    """Named implementations of one kind.
+
+    Parameters
+    ----------
+    kind : str
+        What the entries are, for messages (``"policy"``, ``"source format"``...).
+    error : type of Exception
+        Raised for an unknown or a duplicate name (`ConfigError` by default; the readers'
+        registry raises `SourceError`, what ``graphstore convert`` reports for bad input).
+    """
+
+    def __init__(self, kind: str, *, error: type[Exception] = ConfigError) -> None:
+        self.kind = kind
+        self.error = error
+        self._entries: dict[str, Entry[T]] = {}
+
+    def register(self, name: str, value: T | None = None, *, summary: str | None = None):
+        """Register ``value`` under ``name``; without ``value``, a decorator that registers
+        what it decorates (and returns it unchanged).
+
+        ``summary`` defaults to the first line of the value's docstring.
+
+        Raises
+        ------
+        error
+            If ``name`` is malformed or already registered (a second entry would silently
+            shadow the first).
+        """
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise self.error(f"a {self.kind} name must match {_NAME.pattern} (got {name!r})")
+
+        def add(obj: T) -> T:
+            if name in self._entries:
+                where = getattr(self._entries[name].value, "__module__", None)
+                raise self.error(f"a {self.kind} named {name!r} is already registered"
+                                 + (f" (by {where})" if where else "") + "; pick another name")
+            text = summary if summary is not None else _first_line(obj)
+            self._entries[name] = Entry(name, obj, text)
+            return obj
+
+        return add if value is None else add(value)
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (for tests that register a toy implementation and clean up)."""
+        self.entry(name)
+        del self._entries[name]
+
+    def entry(self, name: str) -> Entry[T]:
+        """The `Entry` of ``name``; an unknown name raises ``error`` listing the known ones."""
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            raise self.error(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}") from None
+
+    def get(self, name: str) -> T:
+        """The object registered as ``name`` (see `entry`)."""
+        return self.entry(name).value
+
+    def names(self, where: Callable[[T], bool] | None = None) -> tuple[str, ...]:
+        """Registered names, sorted; ``where`` keeps those whose value it accepts."""
+        return tuple(sorted(n for n, e in self._entries.items() if where is None or where(e.value)))
+
+    def help_text(self, where: Callable[[T], bool] | None = None) -> str:
+        """``"name: summary; ..."`` for ``--help``."""
+        return "; ".join(f"{n}: {self._entries[n].summary}" if self._entries[n].summary else n
+                         for n in self.names(where))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"<Registry of {self.kind}: {', '.join(self.names())}>"
+
+
+def _first_line(obj: object) -> str:
+    doc = getattr(obj, "__doc__", None) or ""
+    if type(obj).__doc__ == doc and not callable(obj):  # an instance's class docstring says nothing
+        doc = ""
+    return doc.strip().splitlines()[0].rstrip(".") if doc.strip() else ""
