@@ -15,7 +15,9 @@ import zarr.codecs
 __all__ = ["ChunkedAppender", "chunk_rows_for", "new_array"]
 
 MAX_CHUNK_BYTES = 8 << 20
-"""Upper bound on one chunk (ARCHITECTURE.md: chunks of 1-8 MiB)."""
+"""Upper bound on one chunk (the store keeps chunks of 1-8 MiB, aligned to partitions:
+large enough for sequential reads, small enough that a partition read wastes little;
+`graphstore.layout.base` describes the format)."""
 TARGET_CHUNK_BYTES = 4 << 20
 """What 1-D arrays aim for."""
 
