@@ -22,10 +22,22 @@ from graphstore.errors import (
     UnverifiedReadsWarning,
 )
 from graphstore._version import __version__
-from graphstore.layout.base import FORMAT_VERSION, Manifest
-from graphstore.layout.store import Store
-from graphstore.dataset import Dataset
-from graphstore.dataset import open_dataset as open
+
+# The store and dataset classes resolve on first use (PEP 562): `import graphstore.errors`
+# or a light submodule (the generator's `graphstore.layout.hashing`) stays as cheap as numpy,
+# without zarr, pandas and the source readers.
+_LAZY = {"FORMAT_VERSION": ("graphstore.layout.base", "FORMAT_VERSION"),
+         "Manifest": ("graphstore.layout.base", "Manifest"), "Store": ("graphstore.layout.store", "Store"),
+         "Dataset": ("graphstore.dataset", "Dataset"), "open": ("graphstore.dataset", "open_dataset")}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'graphstore' has no attribute {name!r}")
 
 
 __all__ = [
@@ -81,3 +93,7 @@ def verify(path):
     from graphstore.layout._verify import verify_store
 
     return verify_store(path)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
