@@ -9,7 +9,17 @@ and measurement of a training step's memory; `accumulate` micro-batch gradient a
 from graphstore.nn.accumulate import micro_batch_backward
 from graphstore.nn.base import LayerView, layer_view, segment_mean, segment_softmax, segment_sum
 from graphstore.nn.decoders import DECODERS, ComplEx, Decoder, DistMult, HadamardMLP, TransE, link_loss
-from graphstore.nn.layers import GNN, LAYERS, GATConv, GCNConv, GINConv, RGCNConv, SAGEConv, layer_degrees
+from graphstore.nn.layers import (
+    GNN,
+    LAYERS,
+    GATConv,
+    GCNConv,
+    GINConv,
+    PartialAggregate,
+    RGCNConv,
+    SAGEConv,
+    layer_degrees,
+)
 from graphstore.nn.metrics import (
     KS,
     accuracy,
@@ -33,6 +43,7 @@ __all__ = [
     "GNN",
     "KS",
     "LAYERS",
+    "PartialAggregate",
     "OPTIMIZERS",
     "ComplEx",
     "Decoder",

@@ -23,6 +23,19 @@ own input row ``h[self_rows]``.
   ``W_0 h_v + sum_r mean_{u in S_r(v)} W_r h_u + b``, a mean per relation (``c_vr =
   |S_r(v)|``, the paper's normalisation), relations given per edge.
 
+Partial aggregation (SAR, section 3.2: every aggregation here is associative, so a layer
+can take its in-edges a piece at a time). Every layer also has
+``partial_begin(h_dst, ...) -> PartialAggregate`` (the destination block's self terms),
+``partial_update(acc, h_src, src, dst, ...)`` (one piece of in-edges: ``src`` indexes the
+rows ``h_src``, ``dst`` the block's rows) and ``partial_finish(acc) -> output rows``. The
+pieces may come in any order and split the edges any way: the result is the one-shot
+layer's. ``forward`` and the partial form call the same per-source transform and the same
+output function (`_messages`, `_output`...), so the math is written once; what differs is
+only how the sum is kept (one ``index_add_`` over all edges, or one per piece), and for GAT
+the softmax: the one-shot layer shifts by each destination's maximum logit, the partial
+form keeps a running maximum per destination and head and rescales what it has summed
+when the maximum grows (numerically stable for any logits).
+
 Examples
 --------
 >>> from graphstore.sample import CSCGraph, sample_dense
@@ -36,6 +49,7 @@ torch.Size([2, 2])
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -46,9 +60,42 @@ from graphstore.nn.base import LayerView, layer_view, segment_mean, segment_soft
 from graphstore.sample.base import DENSE, DenseLayer
 from graphstore.sample.reference import Block
 
-__all__ = ["LAYERS", "GATConv", "GCNConv", "GINConv", "GNN", "RGCNConv", "SAGEConv", "layer_degrees"]
+__all__ = ["LAYERS", "GATConv", "GCNConv", "GINConv", "GNN", "PartialAggregate", "RGCNConv", "SAGEConv",
+           "layer_degrees"]
 
 Layer = DenseLayer | Block | LayerView
+
+
+@dataclass(slots=True)
+class PartialAggregate:
+    """A destination block's running aggregate (`partial_begin` ... `partial_finish`).
+
+    ``total`` is what the layer sums over in-edges (messages; GAT: attention-weighted
+    messages under the running maximum); the other fields are set by the layers that need
+    them. The tensors are updated in place and belong to the block: keep one per block.
+    """
+
+    h_dst: torch.Tensor
+    """[n, in_dim] the destination rows' own layer input (their self terms)."""
+    total: torch.Tensor
+    """Running sum: [n, width] (RGCN: [n, R, out_dim]; GAT: [n, heads, out_dim])."""
+    count: torch.Tensor | None = None
+    """In-edges seen per row (SAGE: [n]; RGCN: per relation [n, R]), int64."""
+    norm: torch.Tensor | None = None
+    """GCN: the destination factor ``(d_v + 1)^-1/2`` [n]."""
+    score_dst: torch.Tensor | None = None
+    """GAT: the destination's attention score per head [n, heads]."""
+    max: torch.Tensor | None = None
+    """GAT: running maximum logit per row and head [n, heads] (the self loop's at first)."""
+    denom: torch.Tensor | None = None
+    """GAT: running softmax denominator under ``max`` [n, heads]."""
+
+
+def _check_piece(acc: PartialAggregate, h_src: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    if src.shape != dst.shape or src.dim() != 1:
+        raise ConfigError(f"src and dst must be 1-d and aligned (got {list(src.shape)} and {list(dst.shape)})")
+    if h_src.dim() != 2 or h_src.shape[1] != acc.h_dst.shape[1]:
+        raise ConfigError(f"h_src must have shape [n, {acc.h_dst.shape[1]}] (got {list(h_src.shape)})")
 
 
 def _check_input(h: torch.Tensor, view: LayerView) -> None:
@@ -76,17 +123,36 @@ class SAGEConv(nn.Module):
         self.fc_self = nn.Linear(in_dim, out_dim, bias=bias)
         self.fc_nbr = nn.Linear(in_dim, out_dim, bias=False)
 
+    def _messages(self, h: torch.Tensor) -> torch.Tensor:
+        # The mean is linear: project first when that shrinks the rows to gather (DGL does too).
+        # Only rows someone reads are projected, which is all of them in a DENSE layer.
+        return self.fc_nbr(h) if self.in_dim > self.out_dim else h
+
+    def _output(self, h_dst: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        agg = mean if self.in_dim > self.out_dim else self.fc_nbr(mean)
+        return self.fc_self(h_dst) + agg
+
     def forward(self, h: torch.Tensor, layer: Layer) -> torch.Tensor:
         view = layer_view(layer)
         _check_input(h, view)
-        if self.in_dim > self.out_dim:
-            # The mean is linear: project first when that shrinks the rows to gather (DGL does too).
-            # Only rows someone reads are projected, which is all of them in a DENSE layer.
-            nbr = self.fc_nbr(h).index_select(0, view.nbr_index)
-            agg = segment_mean(nbr, view.segment, view.nbr_counts)
-        else:
-            agg = self.fc_nbr(segment_mean(h.index_select(0, view.nbr_index), view.segment, view.nbr_counts))
-        return self.fc_self(h[view.self_rows]) + agg
+        mean = segment_mean(self._messages(h).index_select(0, view.nbr_index), view.segment, view.nbr_counts)
+        return self._output(h[view.self_rows], mean)
+
+    def partial_begin(self, h_dst: torch.Tensor, **_) -> PartialAggregate:
+        width = self.out_dim if self.in_dim > self.out_dim else self.in_dim
+        n = h_dst.shape[0]
+        return PartialAggregate(h_dst, h_dst.new_zeros(n, width),
+                                count=torch.zeros(n, dtype=torch.int64, device=h_dst.device))
+
+    def partial_update(self, acc: PartialAggregate, h_src: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
+                       **_) -> None:
+        _check_piece(acc, h_src, src, dst)
+        acc.total.index_add_(0, dst, self._messages(h_src).index_select(0, src))
+        acc.count += torch.bincount(dst, minlength=acc.count.numel())
+
+    def partial_finish(self, acc: PartialAggregate) -> torch.Tensor:
+        scale = 1.0 / acc.count.clamp(min=1).to(acc.total.dtype)
+        return self._output(acc.h_dst, acc.total * scale[:, None])
 
 
 class GCNConv(nn.Module):
@@ -119,15 +185,44 @@ class GCNConv(nn.Module):
         elif degrees.shape != (view.num_inputs,):
             raise ConfigError(f"degrees must have shape [{view.num_inputs}] (one per input row; "
                               f"got {list(degrees.shape)})")
-        norm = (degrees.to(h.dtype) + 1.0).rsqrt()                      # [num_inputs]
-        x = self.fc(h) if self.in_dim > self.out_dim else h
-        # Source-side factor first (per input row), destination-side factor after the sum.
-        x = x * norm[:, None]
+        norm = self._norm(degrees, h.dtype)                              # [num_inputs]
+        x = self._messages(h, norm)
         agg = segment_sum(x.index_select(0, view.nbr_index), view.segment, view.num_outputs)
-        out = (agg + x[view.self_rows]) * norm[view.self_rows, None]
+        return self._output((agg + x[view.self_rows]) * norm[view.self_rows, None])
+
+    @staticmethod
+    def _norm(degrees: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return (degrees.to(dtype) + 1.0).rsqrt()
+
+    def _messages(self, h: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+        # Source-side factor first (per input row), destination-side factor after the sum.
+        x = self.fc(h) if self.in_dim > self.out_dim else h
+        return x * norm[:, None]
+
+    def _output(self, out: torch.Tensor) -> torch.Tensor:
         if self.in_dim <= self.out_dim:
             out = self.fc(out)
         return out if self.bias is None else out + self.bias
+
+    def partial_begin(self, h_dst: torch.Tensor, *, degrees_dst: torch.Tensor, **_) -> PartialAggregate:
+        """``degrees_dst`` [n]: the destination rows' in-degrees (the whole graph's, for the
+        full-graph GCN); the self loop is the first term of the sum."""
+        if degrees_dst.shape != (h_dst.shape[0],):
+            raise ConfigError(f"degrees_dst must have shape [{h_dst.shape[0]}] (got {list(degrees_dst.shape)})")
+        norm = self._norm(degrees_dst, h_dst.dtype)
+        return PartialAggregate(h_dst, self._messages(h_dst, norm), norm=norm)
+
+    def partial_update(self, acc: PartialAggregate, h_src: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, *,
+                       degrees_src: torch.Tensor, **_) -> None:
+        """``degrees_src`` [len(h_src)]: the source rows' in-degrees."""
+        _check_piece(acc, h_src, src, dst)
+        if degrees_src.shape != (h_src.shape[0],):
+            raise ConfigError(f"degrees_src must have shape [{h_src.shape[0]}] (got {list(degrees_src.shape)})")
+        x = self._messages(h_src, self._norm(degrees_src, h_src.dtype))
+        acc.total.index_add_(0, dst, x.index_select(0, src))
+
+    def partial_finish(self, acc: PartialAggregate) -> torch.Tensor:
+        return self._output(acc.total * acc.norm[:, None])
 
 
 class GATConv(nn.Module):
@@ -177,13 +272,11 @@ class GATConv(nn.Module):
     def forward(self, h: torch.Tensor, layer: Layer) -> torch.Tensor:
         view = layer_view(layer)
         _check_input(h, view)
-        x = self.fc(h).view(-1, self.heads, self.out_dim)               # [num_inputs, H, F]
-        score_src = (x * self.attn_src).sum(-1)                          # [num_inputs, H]
+        x, score_src = self._project(h)                                  # [num_inputs, H, F], [.., H]
         x_self = x[view.self_rows]
         score_dst = (x_self * self.attn_dst).sum(-1)                     # [num_outputs, H]
-        logits = F.leaky_relu(score_src.index_select(0, view.nbr_index)
-                              + score_dst.index_select(0, view.segment), self.negative_slope)
-        self_logits = F.leaky_relu(score_src[view.self_rows] + score_dst, self.negative_slope)
+        logits = self._logits(score_src.index_select(0, view.nbr_index), score_dst.index_select(0, view.segment))
+        self_logits = self._logits(score_src[view.self_rows], score_dst)
         alpha, alpha_self = segment_softmax(logits, view.segment, self_logits)
         if self.training and self.attn_dropout > 0:
             alpha = F.dropout(alpha, self.attn_dropout)
@@ -191,8 +284,47 @@ class GATConv(nn.Module):
         msg = x.index_select(0, view.nbr_index) * alpha[..., None]
         out = segment_sum(msg, view.segment, view.num_outputs)
         out = out + x_self * alpha_self[..., None]
-        out = out.reshape(view.num_outputs, -1) if self.concat else out.mean(1)
+        return self._output(out)
+
+    def _project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.fc(h).view(-1, self.heads, self.out_dim)
+        return x, (x * self.attn_src).sum(-1)
+
+    def _logits(self, score_src: torch.Tensor, score_dst: torch.Tensor) -> torch.Tensor:
+        return F.leaky_relu(score_src + score_dst, self.negative_slope)
+
+    def _output(self, out: torch.Tensor) -> torch.Tensor:
+        """Heads [n, H, F] concatenated or averaged, then the bias."""
+        out = out.reshape(out.shape[0], -1) if self.concat else out.mean(1)
         return out if self.bias is None else out + self.bias
+
+    def partial_begin(self, h_dst: torch.Tensor, **_) -> PartialAggregate:
+        x_self, score_src = self._project(h_dst)
+        score_dst = (x_self * self.attn_dst).sum(-1)
+        # The self loop opens the sum: its logit is the running maximum, its weight exp(0) = 1.
+        top = self._logits(score_src, score_dst)
+        return PartialAggregate(h_dst, x_self.clone(), score_dst=score_dst, max=top,
+                                denom=torch.ones_like(top))
+
+    def partial_update(self, acc: PartialAggregate, h_src: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
+                       **_) -> None:
+        _check_piece(acc, h_src, src, dst)
+        if self.training and self.attn_dropout > 0:
+            raise ConfigError("partial aggregation is for inference: call model.eval() (attention dropout)")
+        x, score_src = self._project(h_src)
+        logits = self._logits(score_src.index_select(0, src), acc.score_dst.index_select(0, dst))  # [E, H]
+        top = acc.max.scatter_reduce(0, dst[:, None].expand_as(logits), logits, "amax", include_self=True)
+        # What was summed under the old maximum is rescaled to the new one (<= 1: no overflow).
+        rescale = torch.exp(acc.max - top)
+        acc.denom.mul_(rescale)
+        acc.total.mul_(rescale[..., None])
+        weight = torch.exp(logits - top.index_select(0, dst))                                        # <= 1
+        acc.denom.index_add_(0, dst, weight)
+        acc.total.index_add_(0, dst, x.index_select(0, src) * weight[..., None])
+        acc.max = top
+
+    def partial_finish(self, acc: PartialAggregate) -> torch.Tensor:
+        return self._output(acc.total / acc.denom[..., None])
 
 
 class GINConv(nn.Module):
@@ -228,7 +360,21 @@ class GINConv(nn.Module):
         view = layer_view(layer)
         _check_input(h, view)
         agg = segment_sum(h.index_select(0, view.nbr_index), view.segment, view.num_outputs)
-        return self.mlp((1 + self.eps) * h[view.self_rows] + agg)
+        return self._output(h[view.self_rows], agg)
+
+    def _output(self, h_dst: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
+        return self.mlp((1 + self.eps) * h_dst + agg)
+
+    def partial_begin(self, h_dst: torch.Tensor, **_) -> PartialAggregate:
+        return PartialAggregate(h_dst, torch.zeros_like(h_dst))
+
+    def partial_update(self, acc: PartialAggregate, h_src: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
+                       **_) -> None:
+        _check_piece(acc, h_src, src, dst)
+        acc.total.index_add_(0, dst, h_src.index_select(0, src))
+
+    def partial_finish(self, acc: PartialAggregate) -> torch.Tensor:
+        return self._output(acc.h_dst, acc.total)
 
 
 class RGCNConv(nn.Module):
@@ -276,21 +422,43 @@ class RGCNConv(nn.Module):
         if edge_type.shape != view.nbr_index.shape:
             raise ConfigError(f"edge_type must have one relation per sampled edge, shape "
                               f"[{view.nbr_index.numel()}] (got {list(edge_type.shape)})")
-        num_weights = self.basis.shape[0]
-        # Project every input row by every basis once ([n, B, out]) instead of every edge
-        # by its own W_r: the edges then only gather and mix rows.
-        proj = torch.einsum("ni,bio->nbo", h, self.basis)
-        if self.coeff is None:
-            flat = proj.reshape(-1, self.out_dim)
-            msg = flat.index_select(0, view.nbr_index * num_weights + edge_type)
-        else:
-            msg = torch.einsum("ebo,eb->eo", proj.index_select(0, view.nbr_index),
-                               self.coeff.index_select(0, edge_type))
+        msg = self._messages(h, view.nbr_index, edge_type)
         # Mean per (output node, relation): divide each edge by its group's size.
         group = view.segment * self.num_relations + edge_type
         size = torch.bincount(group, minlength=view.num_outputs * self.num_relations)
         msg = msg / size.index_select(0, group).to(msg.dtype)[:, None]
         return self.fc_self(h[view.self_rows]) + segment_sum(msg, view.segment, view.num_outputs)
+
+    def _messages(self, h: torch.Tensor, src: torch.Tensor, edge_type: torch.Tensor) -> torch.Tensor:
+        """W_r h_u of every edge [E, out_dim]."""
+        num_weights = self.basis.shape[0]
+        # Project every input row by every basis once ([n, B, out]) instead of every edge
+        # by its own W_r: the edges then only gather and mix rows.
+        proj = torch.einsum("ni,bio->nbo", h, self.basis)
+        if self.coeff is None:
+            return proj.reshape(-1, self.out_dim).index_select(0, src * num_weights + edge_type)
+        return torch.einsum("ebo,eb->eo", proj.index_select(0, src), self.coeff.index_select(0, edge_type))
+
+    def partial_begin(self, h_dst: torch.Tensor, **_) -> PartialAggregate:
+        n, r = h_dst.shape[0], self.num_relations
+        return PartialAggregate(h_dst, h_dst.new_zeros(n, r, self.out_dim),
+                                count=torch.zeros(n, r, dtype=torch.int64, device=h_dst.device))
+
+    def partial_update(self, acc: PartialAggregate, h_src: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, *,
+                       edge_type: torch.Tensor, **_) -> None:
+        """``edge_type`` [E]: the relation of each edge of the piece."""
+        _check_piece(acc, h_src, src, dst)
+        if edge_type.shape != src.shape:
+            raise ConfigError(f"edge_type must have one relation per edge, shape [{src.numel()}] "
+                              f"(got {list(edge_type.shape)})")
+        group = dst * self.num_relations + edge_type
+        acc.total.view(-1, self.out_dim).index_add_(0, group, self._messages(h_src, src, edge_type))
+        acc.count.view(-1).add_(torch.bincount(group, minlength=acc.count.numel()))
+
+    def partial_finish(self, acc: PartialAggregate) -> torch.Tensor:
+        # A mean per relation (sums kept per relation until every edge has been seen).
+        mean = acc.total / acc.count.clamp(min=1).to(acc.total.dtype)[..., None]
+        return self.fc_self(acc.h_dst) + mean.sum(1)
 
 
 LAYERS = ("gat", "gcn", "gin", "rgcn", "sage")

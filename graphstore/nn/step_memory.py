@@ -754,6 +754,7 @@ def _sim_rgcn(t, spec, params, h, view, n, m, e, f, edge_type=None, **_):
         coeffs = t.index_select(coeff, edge_type, e * num_weights * f)
         msg = t.bmm(gathered, coeffs, e * o * f)             # einsum("ebo,eb->eo")
         t.drop(gathered, coeffs)
+    t.drop(proj, flat)                                       # _messages returns: its locals go
     times = t.new(e * _INDEX)                                # segment * num_relations
     group = t.new(e * _INDEX)                                # + edge_type
     t.drop(times)
@@ -768,7 +769,7 @@ def _sim_rgcn(t, spec, params, h, view, n, m, e, f, edge_type=None, **_):
     t.drop(h_self)
     agg = t.segment_sum(mean, view[1], m * o * f)
     out = t.add(s, agg, m * o * f)
-    t.drop(s, agg, proj, flat, mean, group, size)
+    t.drop(s, agg, mean, group, size)
     return out
 
 
