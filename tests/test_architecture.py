@@ -19,6 +19,8 @@ ALLOWED = {
     # The loaders join the stages into epochs (what trainers and users iterate); nothing
     # below them may import them, and they do not reach for the user-facing modules.
     "loaders": {"layout", "buffer", "sample", "nn"},
+    # Whole-graph inference streams the store through the layers' partial form.
+    "inference": {"layout", "buffer", "sample", "nn"},
     # The conformance suite exercises every registry and the loaders.
     "testing": {"layout", "buffer", "sample", "nn", "loaders"},
 }
