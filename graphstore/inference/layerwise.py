@@ -28,6 +28,7 @@ import shutil
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -114,7 +115,8 @@ def _restore(path: Path) -> tuple[PartialAggregate, int]:
 
 def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, work_dir: str | Path | None = None,
                     keep: bool = False, nodes: np.ndarray | None = None, seed: int = 0,
-                    stats: InferenceStats | None = None) -> np.ndarray:
+                    stats: InferenceStats | None = None,
+                    input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> np.ndarray:
     """Every layer of ``model`` over the whole graph of ``store``, exactly (all neighbours,
     global in-degrees for GCN), out of core.
 
@@ -135,6 +137,9 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, wo
         Seeds the BETA order (the result does not depend on it).
     stats : InferenceStats, optional
         Filled with the bytes read and written and the peak residency.
+    input_transform : callable, optional
+        Applied to each partition's feature rows as they are read (e.g. the trainers'
+        row normalisation, which training applied per batch).
 
     Returns
     -------
@@ -167,7 +172,8 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, wo
             t0 = time.perf_counter()
             width = _out_width(layer)
             target = ScratchRows(root / f"layer{l + 1}.npy", n, width, P)
-            _run_layer(model, l, layer, store, plan, sizes, source, target, root, stats, c)
+            _run_layer(model, l, layer, store, plan, sizes, source, target, root, stats,
+                       input_transform if l == 0 else None)
             target.flush()
             if source is not None:
                 del source.rows
@@ -192,7 +198,8 @@ def _out_width(layer) -> int:
 
 
 def _run_layer(model: GNN, l: int, layer, store: Store, plan, sizes: np.ndarray, source: ScratchRows | None,
-               target: ScratchRows, root: Path, stats: InferenceStats, capacity: int) -> None:
+               target: ScratchRows, root: Path, stats: InferenceStats,
+               transform: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
     p, P = store.num_partitions, store.partition_size
     gcn, rgcn = model.kind == "gcn", model.kind == "rgcn"
     last = l == model.num_layers - 1
@@ -210,6 +217,8 @@ def _run_layer(model: GNN, l: int, layer, store: Store, plan, sizes: np.ndarray,
         rows[k] = torch.from_numpy(np.asarray(block, dtype=np.float32))
         stats.bytes_read += rows[k].numel() * 4
         stats.planned_bytes += rows[k].numel() * 4
+        if transform is not None:
+            rows[k] = transform(rows[k])
         if gcn:
             deg = store.read_rows("nodes/in_degree", *store.partition_range(k))
             degrees[k] = torch.from_numpy(np.asarray(deg, dtype=np.int64))
