@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
+from pathlib import Path
 
 from graphstore.errors import GraphStoreError
 from graphstore.units import parse_byte_size
@@ -111,6 +113,23 @@ def _parser() -> argparse.ArgumentParser:
                                    "the mega-batch scheme's static cache reads (takes the writer lock).")
     h.add_argument("store")
     h.add_argument("--fraction", type=float, default=0.01, help="fraction of nodes (default 0.01; 0 removes it)")
+
+    inf = sub.add_parser("infer", help="exact whole-graph inference of a trained GNN, out of core",
+                         description="Run every layer of a trained graphstore.nn GNN over the whole graph of "
+                                     "STORE with all neighbours, a partition and an edge bucket at a time, "
+                                     "and write the outputs (logits) of a split's nodes.")
+    inf.add_argument("store")
+    inf.add_argument("--checkpoint", required=True, metavar="CKPT",
+                     help="a file from graphstore.inference.save_model, or a trainer's --checkpoint-dir")
+    inf.add_argument("--split", default="test", help="node split whose outputs to write, or 'all' (default test)")
+    inf.add_argument("--out", required=True, metavar="OUT",
+                     help="OUT.npy: the outputs [n, C] in the split's order (ascending store ids); "
+                          "OUT.npz: also ids, source_ids and predictions")
+    inf.add_argument("--capacity", type=_positive_int, metavar="C",
+                     help="partitions held at once (default a quarter, at least 2)")
+    inf.add_argument("--normalize-features", choices=["none", "row"],
+                     help="row-normalise the input features (default: what the trainer's checkpoint recorded)")
+    inf.add_argument("--work-dir", metavar="D", help="scratch arrays here (default a temporary directory)")
 
     pl = sub.add_parser("plan", help="show a buffer policy's plan for one epoch",
                         description="Print the buffer states of one epoch and what each trains, "
@@ -243,6 +262,36 @@ def _run_hubs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_infer(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from graphstore.dataset import open_dataset
+    from graphstore.inference import InferenceStats, infer_layerwise, load_model
+    from graphstore.nn import normalize_rows
+
+    with open_dataset(args.store) as store:
+        model, recorded = load_model(args.checkpoint, store)
+        nodes = None if args.split == "all" else np.asarray(store.read_node_split(args.split), dtype=np.int64)
+        normalize = args.normalize_features or recorded.get("normalize_features", "none")
+        stats = InferenceStats()
+        logits = infer_layerwise(model, store, capacity=args.capacity, nodes=nodes, stats=stats,
+                                 work_dir=args.work_dir, input_transform=normalize_rows if normalize == "row" else None)
+        ids = np.arange(store.num_nodes) if nodes is None else nodes
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp{out.suffix}")
+        if out.suffix == ".npz":
+            np.savez(tmp, ids=ids, source_ids=store.to_source_ids(ids), logits=logits,
+                     predictions=logits.argmax(1))
+        else:
+            np.save(tmp, logits)
+        os.replace(tmp, out)  # whole or not at all
+    print(f"{args.store}: {model.kind} x{model.num_layers} over every node, {len(ids):,} rows of {args.split!r} "
+          f"to {out}; read {stats.bytes_read / 2**20:.1f} MiB (plan {stats.planned_bytes / 2**20:.1f} MiB), "
+          f"at most {stats.max_resident_partitions} partitions resident, {stats.seconds:.1f} s")
+    return 0
+
+
 def _run_plan(args: argparse.Namespace) -> int:
     from graphstore.buffer import plan_epoch
 
@@ -286,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
     handlers = {"convert": _run_convert, "info": _run_info, "verify": _run_verify, "upgrade": _run_upgrade,
-                "hubs": _run_hubs, "plan": _run_plan}
+                "hubs": _run_hubs, "plan": _run_plan, "infer": _run_infer}
     try:
         return handlers[args.command](args)
     except GraphStoreError as exc:

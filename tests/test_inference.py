@@ -104,3 +104,52 @@ def test_rgcn_over_relations(tmp_path):
             want = model(x, [view, view], edge_type=[rel, rel]).numpy()
         got = infer_layerwise(model, store, capacity=2)
     assert float(np.abs(got - want).max()) < 1e-4
+
+
+def test_save_and_load_a_model_then_infer_from_the_command_line(cora, tmp_path, capsys):
+    from graphstore.cli import main
+    from graphstore.inference import load_model, save_model
+
+    torch.manual_seed(1)
+    model = GNN("gat", in_dim=cora.feature_dim, hidden_dim=8, out_dim=cora.num_classes, num_layers=2, heads=2)
+    save_model(model, tmp_path / "m.pt")
+    loaded, recorded = load_model(tmp_path / "m.pt")
+    assert recorded == {} and loaded.hyperparameters == model.hyperparameters
+    test = cora.read_node_split("test")
+    want = infer_layerwise(model, cora, capacity=3, nodes=test)
+    assert main(["infer", str(cora.path), "--checkpoint", str(tmp_path / "m.pt"), "--split", "test",
+                 "--out", str(tmp_path / "p.npz"), "--capacity", "3"]) == 0
+    with np.load(tmp_path / "p.npz") as got:
+        np.testing.assert_array_equal(got["logits"], want)
+        np.testing.assert_array_equal(got["ids"], test)
+        np.testing.assert_array_equal(got["predictions"], want.argmax(1))
+    assert "gat x2 over every node" in capsys.readouterr().out
+    (tmp_path / "bad.pt").write_bytes(b"not a model")
+    assert main(["infer", str(cora.path), "--checkpoint", str(tmp_path / "bad.pt"), "--out",
+                 str(tmp_path / "q.npy")]) == 1
+    assert "bad.pt: cannot read the model" in capsys.readouterr().err
+    assert not (tmp_path / "q.npy").exists()
+
+
+def test_infer_from_a_trainer_checkpoint(cora, tmp_path):
+    import sys
+
+    from graphstore.cli import main
+    from graphstore.inference import load_model
+
+    sys.path.insert(0, str(REPO))
+    from trainers import common
+    from trainers import node_classification as nc
+
+    ckpt = tmp_path / "ckpt"
+    assert common.run(nc.PROG, nc.main, ["--store", str(cora.path), "--epochs", "1", "--fanouts", "5,5",
+                                         "--hidden", "16", "--normalize-features", "row",
+                                         "--checkpoint-dir", str(ckpt)]) == 0
+    model, config = load_model(ckpt, cora)
+    assert config["normalize_features"] == "row" and model.kind == "sage"
+    from graphstore.nn import normalize_rows
+
+    want = infer_layerwise(model, cora, capacity=2, input_transform=normalize_rows)
+    assert main(["infer", str(cora.path), "--checkpoint", str(ckpt), "--split", "all",
+                 "--out", str(tmp_path / "all.npy"), "--capacity", "2"]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "all.npy"), want)

@@ -68,7 +68,7 @@ from graphstore.buffer import POLICIES as POLICY_REGISTRY
 from graphstore.inference import InferenceStats, infer_layerwise
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import NodeLoader, NodeLoaderSettings
-from graphstore.nn import GNN, layer_degrees, micro_batch_backward, step_estimator
+from graphstore.nn import GNN, layer_degrees, micro_batch_backward, normalize_rows, step_estimator
 from graphstore.sample import STRATEGIES as STRATEGY_REGISTRY
 
 try:
@@ -200,12 +200,6 @@ class NodeClassificationConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     return NodeClassificationOptions.build_parser()
-
-
-def normalize_rows(x: torch.Tensor) -> torch.Tensor:
-    """Each row divided by its sum of absolute values (L1 norm); rows of zeros stay zero."""
-    norm = x.abs().sum(dim=1, keepdim=True)
-    return x / torch.where(norm > 0, norm, torch.ones_like(norm))
 
 
 def prepare(batch, args: NodeClassificationOptions | None):

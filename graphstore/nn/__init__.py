@@ -7,7 +7,7 @@ and measurement of a training step's memory; `accumulate` micro-batch gradient a
 """
 
 from graphstore.nn.accumulate import micro_batch_backward
-from graphstore.nn.base import LayerView, layer_view, segment_mean, segment_softmax, segment_sum
+from graphstore.nn.base import LayerView, layer_view, normalize_rows, segment_mean, segment_softmax, segment_sum
 from graphstore.nn.decoders import DECODERS, ComplEx, Decoder, DistMult, HadamardMLP, TransE, link_loss
 from graphstore.nn.layers import (
     GNN,
@@ -70,6 +70,7 @@ __all__ = [
     "ogbn_accuracy",
     "ranking_metrics",
     "ranks",
+    "normalize_rows",
     "segment_mean",
     "segment_softmax",
     "segment_sum",

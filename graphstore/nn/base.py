@@ -37,7 +37,8 @@ from graphstore.errors import ConfigError
 from graphstore.sample.base import DenseLayer
 from graphstore.sample.reference import Block
 
-__all__ = ["LayerView", "layer_view", "segment_max", "segment_mean", "segment_softmax", "segment_sum"]
+__all__ = ["LayerView", "layer_view", "normalize_rows", "segment_max", "segment_mean", "segment_softmax",
+           "segment_sum"]
 
 
 class LayerView(NamedTuple):
@@ -83,6 +84,14 @@ def layer_view(layer: DenseLayer | Block | LayerView) -> LayerView:
                          layer.edge_src, counts, layer.edge_dst)
     raise ConfigError(f"a layer needs a DenseLayer (DENSE.layer(k)), a Block or a LayerView "
                       f"(got {type(layer).__name__})")
+
+
+def normalize_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row divided by its sum of absolute values (L1 norm); rows of zeros stay zero
+    (PyG's ``NormalizeFeatures``, applied per batch or per partition, so it needs no pass
+    over the store)."""
+    norm = x.abs().sum(dim=1, keepdim=True)
+    return x / torch.where(norm > 0, norm, torch.ones_like(norm))
 
 
 def segment_sum(x: torch.Tensor, segment: torch.Tensor, num_segments: int) -> torch.Tensor:

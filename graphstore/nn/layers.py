@@ -533,6 +533,11 @@ class GNN(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1) (got {dropout})")
         self.kind, self.num_layers, self.dropout, self.activation = kind, num_layers, dropout, activation
+        self.hyperparameters = {"kind": kind, "in_dim": in_dim, "hidden_dim": hidden_dim, "out_dim": out_dim,
+                                "num_layers": num_layers, "dropout": dropout, "heads": heads,
+                                "num_relations": num_relations, "num_bases": num_bases, "learn_eps": learn_eps}
+        """What rebuilds this stack (`GNN(**hyperparameters)`; the activation is F.relu unless
+        the caller passes another), saved with its weights by `graphstore.inference.save_model`."""
         dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [out_dim]
         self.layers = nn.ModuleList()
         for k in range(num_layers):
