@@ -92,7 +92,9 @@ class ScratchRows:
 
 
 def _spill(path: Path, acc: PartialAggregate) -> int:
-    arrays = {f.name: getattr(acc, f.name).numpy() for f in fields(acc) if getattr(acc, f.name) is not None}
+    # Not h_dst: the partition's input rows are read again when it returns.
+    arrays = {f.name: getattr(acc, f.name).numpy() for f in fields(acc)
+              if f.name != "h_dst" and getattr(acc, f.name) is not None}
     crc = 0
     for name in sorted(arrays):
         crc = zlib.crc32(np.ascontiguousarray(arrays[name]), crc)
@@ -100,7 +102,7 @@ def _spill(path: Path, acc: PartialAggregate) -> int:
     return sum(a.nbytes for a in arrays.values())
 
 
-def _restore(path: Path) -> tuple[PartialAggregate, int]:
+def _restore(path: Path, h_dst: torch.Tensor) -> tuple[PartialAggregate, int]:
     with np.load(path) as data:
         arrays = {name: data[name] for name in data.files if name != "__crc__"}
         crc = 0
@@ -109,7 +111,7 @@ def _restore(path: Path) -> tuple[PartialAggregate, int]:
         if crc != int(data["__crc__"][0]):
             raise CorruptStoreError(f"{path}: a spilled accumulator fails its checksum")
     path.unlink()
-    return PartialAggregate(**{k: torch.from_numpy(v) for k, v in arrays.items()}), sum(
+    return PartialAggregate(h_dst, **{k: torch.from_numpy(v) for k, v in arrays.items()}), sum(
         a.nbytes for a in arrays.values())
 
 
@@ -208,6 +210,7 @@ def _run_layer(model: GNN, l: int, layer, store: Store, plan, sizes: np.ndarray,
     states = plan.states if plan is not None else [tuple(range(p))]
     state_of = np.asarray(plan.bucket_states) if plan is not None else np.zeros((p, p), dtype=np.int64)
     rows: dict[int, torch.Tensor] = {}
+    sources = {}  # per resident partition, its rows prepared once for every bucket they feed
     degrees: dict[int, torch.Tensor] = {}
     accs: dict[int, PartialAggregate] = {}
     spilled: set[int] = set()
@@ -224,8 +227,9 @@ def _run_layer(model: GNN, l: int, layer, store: Store, plan, sizes: np.ndarray,
             degrees[k] = torch.from_numpy(np.asarray(deg, dtype=np.int64))
             stats.bytes_read += deg.nbytes
             stats.planned_bytes += deg.nbytes
+        sources[k] = layer.partial_sources(rows[k], degrees_src=degrees.get(k))
         if k in spilled:
-            accs[k], nbytes = _restore(root / f"acc{k}.npz")
+            accs[k], nbytes = _restore(root / f"acc{k}.npz", rows[k])
             spilled.discard(k)
             stats.bytes_read += nbytes
         elif not finished[k]:
@@ -240,6 +244,7 @@ def _run_layer(model: GNN, l: int, layer, store: Store, plan, sizes: np.ndarray,
 
     def evict(k: int) -> None:
         rows.pop(k, None)
+        sources.pop(k, None)
         degrees.pop(k, None)
         if k in accs:  # an in-bucket is still to come: the accumulator waits on disk
             nbytes = _spill(root / f"acc{k}.npz", accs.pop(k))
@@ -265,7 +270,7 @@ def _run_layer(model: GNN, l: int, layer, store: Store, plan, sizes: np.ndarray,
                     stats.planned_bytes += nbytes
                     src_local = torch.from_numpy(src.astype(np.int64) - i * P)
                     dst_local = torch.from_numpy(dst.astype(np.int64) - j * P)
-                    layer.partial_update(accs[j], rows[i], src_local, dst_local, degrees_src=degrees.get(i),
+                    layer.partial_update(accs[j], sources[i], src_local, dst_local,
                                          edge_type=None if not rgcn else torch.from_numpy(rel.astype(np.int64)))
                     remaining[j] -= 1
                 if remaining[j] == 0 and not finished[j]:

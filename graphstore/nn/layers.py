@@ -27,7 +27,9 @@ Partial aggregation (SAR, section 3.2: every aggregation here is associative, so
 can take its in-edges a piece at a time). Every layer also has
 ``partial_begin(h_dst, ...) -> PartialAggregate`` (the destination block's self terms),
 ``partial_update(acc, h_src, src, dst, ...)`` (one piece of in-edges: ``src`` indexes the
-rows ``h_src``, ``dst`` the block's rows) and ``partial_finish(acc) -> output rows``. The
+rows ``h_src``, ``dst`` the block's rows; ``h_src`` may be a source block's
+``partial_sources(h_src)``, prepared once for all the pieces it feeds) and
+``partial_finish(acc) -> output rows``. The
 pieces may come in any order and split the edges any way: the result is the one-shot
 layer's. ``forward`` and the partial form call the same per-source transform and the same
 output function (`_messages`, `_output`...), so the math is written once; what differs is
@@ -60,8 +62,8 @@ from graphstore.nn.base import LayerView, layer_view, segment_mean, segment_soft
 from graphstore.sample.base import DENSE, DenseLayer
 from graphstore.sample.reference import Block
 
-__all__ = ["LAYERS", "GATConv", "GCNConv", "GINConv", "GNN", "PartialAggregate", "RGCNConv", "SAGEConv",
-           "layer_degrees"]
+__all__ = ["LAYERS", "GATConv", "GCNConv", "GINConv", "GNN", "PartialAggregate", "PartialSources", "RGCNConv",
+           "SAGEConv", "layer_degrees"]
 
 Layer = DenseLayer | Block | LayerView
 
@@ -91,11 +93,37 @@ class PartialAggregate:
     """GAT: running softmax denominator under ``max`` [n, heads]."""
 
 
-def _check_piece(acc: PartialAggregate, h_src: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-    if src.shape != dst.shape or src.dim() != 1:
-        raise ConfigError(f"src and dst must be 1-d and aligned (got {list(src.shape)} and {list(dst.shape)})")
-    if h_src.dim() != 2 or h_src.shape[1] != acc.h_dst.shape[1]:
-        raise ConfigError(f"h_src must have shape [n, {acc.h_dst.shape[1]}] (got {list(h_src.shape)})")
+@dataclass(frozen=True, slots=True)
+class PartialSources:
+    """A source block prepared once for every piece it feeds (`partial_sources`): the
+    per-source transform of the layer (projection, GCN's source factor, GAT's scores), so a
+    block read once and aggregated into many destinations is transformed once."""
+
+    rows: torch.Tensor
+    """[n, ...] what the pieces gather per source row (SAGE, GCN: the messages; GIN: the
+    input rows; RGCN: the rows under every basis [n, B, out]; GAT: the projection [n, H, F])."""
+    score: torch.Tensor | None = None
+    """GAT: each source row's attention score per head [n, H]."""
+
+
+class _PartialForm:
+    """``partial_update`` for every layer: the checks, the source block prepared (unless it
+    already is), then the layer's ``_accumulate``."""
+
+    def partial_update(self, acc: PartialAggregate, h_src: torch.Tensor | PartialSources, src: torch.Tensor,
+                       dst: torch.Tensor, *, degrees_src: torch.Tensor | None = None,
+                       edge_type: torch.Tensor | None = None) -> None:
+        """Add one piece of in-edges: ``src`` [E] rows of ``h_src`` (the source block's layer
+        input [n, in_dim], or its `partial_sources`), ``dst`` [E] rows of ``acc``'s block;
+        ``degrees_src`` (GCN) the source rows' in-degrees, ``edge_type`` (RGCN) each edge's
+        relation."""
+        if src.shape != dst.shape or src.dim() != 1:
+            raise ConfigError(f"src and dst must be 1-d and aligned (got {list(src.shape)} and {list(dst.shape)})")
+        if isinstance(h_src, torch.Tensor):
+            if h_src.dim() != 2 or h_src.shape[1] != acc.h_dst.shape[1]:
+                raise ConfigError(f"h_src must have shape [n, {acc.h_dst.shape[1]}] (got {list(h_src.shape)})")
+            h_src = self.partial_sources(h_src, degrees_src=degrees_src)
+        self._accumulate(acc, h_src, src, dst, edge_type)
 
 
 def _check_input(h: torch.Tensor, view: LayerView) -> None:
@@ -104,7 +132,7 @@ def _check_input(h: torch.Tensor, view: LayerView) -> None:
                           f"got {list(h.shape)})")
 
 
-class SAGEConv(nn.Module):
+class SAGEConv(_PartialForm, nn.Module):
     """GraphSAGE with the mean aggregator: ``W_self h_v + W_nbr mean_{u in S(v)} h_u + b``.
 
     Parameters
@@ -144,10 +172,11 @@ class SAGEConv(nn.Module):
         return PartialAggregate(h_dst, h_dst.new_zeros(n, width),
                                 count=torch.zeros(n, dtype=torch.int64, device=h_dst.device))
 
-    def partial_update(self, acc: PartialAggregate, h_src: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
-                       **_) -> None:
-        _check_piece(acc, h_src, src, dst)
-        acc.total.index_add_(0, dst, self._messages(h_src).index_select(0, src))
+    def partial_sources(self, h_src: torch.Tensor, **_) -> PartialSources:
+        return PartialSources(self._messages(h_src))
+
+    def _accumulate(self, acc: PartialAggregate, sources: PartialSources, src, dst, edge_type) -> None:
+        acc.total.index_add_(0, dst, sources.rows.index_select(0, src))
         acc.count += torch.bincount(dst, minlength=acc.count.numel())
 
     def partial_finish(self, acc: PartialAggregate) -> torch.Tensor:
@@ -155,7 +184,7 @@ class SAGEConv(nn.Module):
         return self._output(acc.h_dst, acc.total * scale[:, None])
 
 
-class GCNConv(nn.Module):
+class GCNConv(_PartialForm, nn.Module):
     """GCN: ``sum_{u in S(v) + {v}} W h_u / sqrt((d_v + 1)(d_u + 1)) + b``.
 
     Degrees. ``d_x`` counts the in-neighbours of ``x`` (no self loop; the ``+ 1`` is the self
@@ -212,20 +241,22 @@ class GCNConv(nn.Module):
         norm = self._norm(degrees_dst, h_dst.dtype)
         return PartialAggregate(h_dst, self._messages(h_dst, norm), norm=norm)
 
-    def partial_update(self, acc: PartialAggregate, h_src: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, *,
-                       degrees_src: torch.Tensor, **_) -> None:
+    def partial_sources(self, h_src: torch.Tensor, *, degrees_src: torch.Tensor | None = None,
+                        **_) -> PartialSources:
         """``degrees_src`` [len(h_src)]: the source rows' in-degrees."""
-        _check_piece(acc, h_src, src, dst)
-        if degrees_src.shape != (h_src.shape[0],):
-            raise ConfigError(f"degrees_src must have shape [{h_src.shape[0]}] (got {list(degrees_src.shape)})")
-        x = self._messages(h_src, self._norm(degrees_src, h_src.dtype))
-        acc.total.index_add_(0, dst, x.index_select(0, src))
+        if degrees_src is None or degrees_src.shape != (h_src.shape[0],):
+            got = None if degrees_src is None else list(degrees_src.shape)
+            raise ConfigError(f"degrees_src must have shape [{h_src.shape[0]}] (got {got})")
+        return PartialSources(self._messages(h_src, self._norm(degrees_src, h_src.dtype)))
+
+    def _accumulate(self, acc: PartialAggregate, sources: PartialSources, src, dst, edge_type) -> None:
+        acc.total.index_add_(0, dst, sources.rows.index_select(0, src))
 
     def partial_finish(self, acc: PartialAggregate) -> torch.Tensor:
         return self._output(acc.total * acc.norm[:, None])
 
 
-class GATConv(nn.Module):
+class GATConv(_PartialForm, nn.Module):
     """Multi-head graph attention with a self loop and a max-shifted segment softmax.
 
     Per head, ``e_vu = LeakyReLU(a_src . W h_u + a_dst . W h_v)`` for ``u`` in ``S(v)``
@@ -306,12 +337,14 @@ class GATConv(nn.Module):
         return PartialAggregate(h_dst, x_self.clone(), score_dst=score_dst, max=top,
                                 denom=torch.ones_like(top))
 
-    def partial_update(self, acc: PartialAggregate, h_src: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
-                       **_) -> None:
-        _check_piece(acc, h_src, src, dst)
+    def partial_sources(self, h_src: torch.Tensor, **_) -> PartialSources:
+        x, score = self._project(h_src)
+        return PartialSources(x, score)
+
+    def _accumulate(self, acc: PartialAggregate, sources: PartialSources, src, dst, edge_type) -> None:
         if self.training and self.attn_dropout > 0:
             raise ConfigError("partial aggregation is for inference: call model.eval() (attention dropout)")
-        x, score_src = self._project(h_src)
+        x, score_src = sources.rows, sources.score
         logits = self._logits(score_src.index_select(0, src), acc.score_dst.index_select(0, dst))  # [E, H]
         top = acc.max.scatter_reduce(0, dst[:, None].expand_as(logits), logits, "amax", include_self=True)
         # What was summed under the old maximum is rescaled to the new one (<= 1: no overflow).
@@ -327,7 +360,7 @@ class GATConv(nn.Module):
         return self._output(acc.total / acc.denom[..., None])
 
 
-class GINConv(nn.Module):
+class GINConv(_PartialForm, nn.Module):
     """GIN: ``MLP((1 + eps) h_v + sum_{u in S(v)} h_u)``.
 
     Parameters
@@ -368,16 +401,17 @@ class GINConv(nn.Module):
     def partial_begin(self, h_dst: torch.Tensor, **_) -> PartialAggregate:
         return PartialAggregate(h_dst, torch.zeros_like(h_dst))
 
-    def partial_update(self, acc: PartialAggregate, h_src: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
-                       **_) -> None:
-        _check_piece(acc, h_src, src, dst)
-        acc.total.index_add_(0, dst, h_src.index_select(0, src))
+    def partial_sources(self, h_src: torch.Tensor, **_) -> PartialSources:
+        return PartialSources(h_src)
+
+    def _accumulate(self, acc: PartialAggregate, sources: PartialSources, src, dst, edge_type) -> None:
+        acc.total.index_add_(0, dst, sources.rows.index_select(0, src))
 
     def partial_finish(self, acc: PartialAggregate) -> torch.Tensor:
         return self._output(acc.h_dst, acc.total)
 
 
-class RGCNConv(nn.Module):
+class RGCNConv(_PartialForm, nn.Module):
     """Relational GCN with basis decomposition and a mean per relation.
 
     ``W_0 h_v + sum_r (1 / |S_r(v)|) sum_{u in S_r(v)} W_r h_u + b`` where ``S_r(v)`` are
@@ -431,10 +465,12 @@ class RGCNConv(nn.Module):
 
     def _messages(self, h: torch.Tensor, src: torch.Tensor, edge_type: torch.Tensor) -> torch.Tensor:
         """W_r h_u of every edge [E, out_dim]."""
-        num_weights = self.basis.shape[0]
         # Project every input row by every basis once ([n, B, out]) instead of every edge
         # by its own W_r: the edges then only gather and mix rows.
-        proj = torch.einsum("ni,bio->nbo", h, self.basis)
+        return self._gather(torch.einsum("ni,bio->nbo", h, self.basis), src, edge_type)
+
+    def _gather(self, proj: torch.Tensor, src: torch.Tensor, edge_type: torch.Tensor) -> torch.Tensor:
+        num_weights = self.basis.shape[0]
         if self.coeff is None:
             return proj.reshape(-1, self.out_dim).index_select(0, src * num_weights + edge_type)
         return torch.einsum("ebo,eb->eo", proj.index_select(0, src), self.coeff.index_select(0, edge_type))
@@ -444,15 +480,15 @@ class RGCNConv(nn.Module):
         return PartialAggregate(h_dst, h_dst.new_zeros(n, r, self.out_dim),
                                 count=torch.zeros(n, r, dtype=torch.int64, device=h_dst.device))
 
-    def partial_update(self, acc: PartialAggregate, h_src: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, *,
-                       edge_type: torch.Tensor, **_) -> None:
-        """``edge_type`` [E]: the relation of each edge of the piece."""
-        _check_piece(acc, h_src, src, dst)
-        if edge_type.shape != src.shape:
-            raise ConfigError(f"edge_type must have one relation per edge, shape [{src.numel()}] "
-                              f"(got {list(edge_type.shape)})")
+    def partial_sources(self, h_src: torch.Tensor, **_) -> PartialSources:
+        return PartialSources(torch.einsum("ni,bio->nbo", h_src, self.basis))
+
+    def _accumulate(self, acc: PartialAggregate, sources: PartialSources, src, dst, edge_type) -> None:
+        if edge_type is None or edge_type.shape != src.shape:
+            got = None if edge_type is None else list(edge_type.shape)
+            raise ConfigError(f"edge_type must have one relation per edge, shape [{src.numel()}] (got {got})")
         group = dst * self.num_relations + edge_type
-        acc.total.view(-1, self.out_dim).index_add_(0, group, self._messages(h_src, src, edge_type))
+        acc.total.view(-1, self.out_dim).index_add_(0, group, self._gather(sources.rows, src, edge_type))
         acc.count.view(-1).add_(torch.bincount(group, minlength=acc.count.numel()))
 
     def partial_finish(self, acc: PartialAggregate) -> torch.Tensor:
