@@ -64,9 +64,11 @@ def test_a_node_subset_and_the_work_dir(cora, tmp_path):
     everything = infer_layerwise(model, cora, capacity=3)
     subset = infer_layerwise(model, cora, capacity=3, nodes=test, work_dir=tmp_path / "w", keep=True)
     np.testing.assert_array_equal(subset, everything[test])
-    assert (tmp_path / "w" / "layer2.npy").is_file()  # kept
-    infer_layerwise(model, cora, capacity=3, work_dir=tmp_path / "gone")
-    assert not (tmp_path / "gone").exists()
+    assert len(list((tmp_path / "w").glob("graphstore-infer-*/layer2.npy"))) == 1  # kept
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the caller's")
+    infer_layerwise(model, cora, capacity=3, work_dir=tmp_path / "mine")
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]  # only its own scratch went
 
 
 def test_spilled_accumulators_and_scratch_rows_are_checked(cora, tmp_path):

@@ -98,6 +98,11 @@ NC_VARIANTS = {
     "megabatch_nocache_evalmem": (["--scheme", "megabatch", "--static-cache", "0", "--eval-scheme", "minibatch"],
                                   "megabatch without static cache, in-memory evaluation"),
     "disk_evalmem": (["--scheme", "disk", "--eval-scheme", "minibatch"], "disk training, in-memory evaluation"),
+    # The same training, evaluated exactly out of core (every layer over the whole graph,
+    # all neighbours, within the scheme's resident partitions: graphstore.inference).
+    "megabatch_exact": (["--scheme", "megabatch", "--eval-scheme", "exact"],
+                        "megabatch training, exact layer-wise evaluation out of core"),
+    "disk_exact": (["--scheme", "disk", "--eval-scheme", "exact"], "disk training, exact layer-wise evaluation"),
     # Fairer step counts: batch 32 gives several optimizer steps per epoch for every scheme
     # (evaluation keeps batch 1000: it has no gradients and would crawl at 32).
     "minibatch_bs32": (["--scheme", "minibatch", "--batch-size", "32", "--eval-batch-size", "1000"],

@@ -74,6 +74,7 @@ import graphstore
 from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EMBEDDINGS_ARRAY, EmbeddingTable
 from graphstore.buffer import POLICIES as POLICY_REGISTRY
+from graphstore.inference import infer_layerwise
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import EdgeBatch, EdgeLoader, EdgeLoaderSettings
 from graphstore.nn import DECODERS, GNN, full_ranks, link_loss, ogb_hits_at_k, ranking_metrics
@@ -155,6 +156,11 @@ class LinkPredictionOptions(CommonOptions):
         None, flag="--eval", choices=("filtered", "unfiltered", "ogb"),
         help="ranking protocol (default ogb when the valid split ships negatives, else filtered)")
     eval_every: int = option(1, type=positive_int, help="evaluate every N epochs (and after the last)")
+    eval_encoder: str = option(
+        "memory", choices=("memory", "exact"), run_only=True,
+        help="how the encoder's representation of every node is computed for ranking: memory (the whole "
+             "graph at once) or exact (layer-wise out of core, within the training scheme's resident "
+             "partitions: graphstore.inference); both use every neighbour")
     eval_batch_size: int = option(256, type=positive_int,
                                   help="positives ranked at once (memory: this x num_nodes scores)")
 
@@ -432,6 +438,8 @@ class Trainer:
     def representations(self) -> torch.Tensor:
         """[N, d] the final representation of every node, in store ids."""
         self.model.eval()
+        if self.model.encoder is not None and self.args.eval_encoder == "exact":
+            return self._exact_representations().to(self.device)  # never the whole input at once
         if self.use_embeddings:
             x = torch.from_numpy(self.table.read_all()[:, 0])
         else:
@@ -443,6 +451,17 @@ class Trainer:
                         b.edge_dst.to(self.device)) for b in blocks]
         edge_type = None if self.args.encoder != "rgcn" else [rel.to(self.device)] * len(blocks)
         return self.model.encoder(x.to(self.device), blocks, edge_type=edge_type)
+
+    def _exact_representations(self) -> torch.Tensor:
+        """The encoder over every node, layer by layer from the store (`infer_layerwise`):
+        inputs are the embeddings the table holds, or the store's features."""
+        encoder = self.model.encoder.cpu()
+        rows = (lambda k: self.table.read_partition(k)[:, 0]) if self.use_embeddings else None
+        try:
+            return torch.from_numpy(infer_layerwise(encoder, self.store, capacity=max(2, self.loader.capacity),
+                                                    input_rows=rows))
+        finally:
+            encoder.to(self.device)
 
     def _known(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         srcs, dsts, rels = [], [], []

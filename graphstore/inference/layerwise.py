@@ -118,7 +118,8 @@ def _restore(path: Path, h_dst: torch.Tensor) -> tuple[PartialAggregate, int]:
 def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, work_dir: str | Path | None = None,
                     keep: bool = False, nodes: np.ndarray | None = None, seed: int = 0,
                     stats: InferenceStats | None = None,
-                    input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> np.ndarray:
+                    input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    input_rows: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
     """Every layer of ``model`` over the whole graph of ``store``, exactly (all neighbours,
     global in-degrees for GCN), out of core.
 
@@ -131,8 +132,9 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, wo
     capacity : int, optional
         Partitions resident at once (>= 2; default a quarter of them, at least 2).
     work_dir : path, optional
-        Where the scratch arrays and spilled accumulators go (a temporary directory by
-        default); removed afterwards unless ``keep``.
+        Where the scratch arrays and spilled accumulators go: a new ``graphstore-infer-*``
+        directory inside it (the system's temporary directory by default), removed afterwards
+        unless ``keep``; nothing else in ``work_dir`` is touched.
     nodes : int array, optional
         Store ids whose outputs to return (default every node).
     seed : int
@@ -142,6 +144,9 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, wo
     input_transform : callable, optional
         Applied to each partition's feature rows as they are read (e.g. the trainers'
         row normalisation, which training applied per batch).
+    input_rows : callable, optional
+        ``k -> [P_k, in_dim]`` the first layer's input rows of partition k, instead of the
+        store's features (e.g. learnable embeddings: ``table.read_partition(k)[:, 0]``).
 
     Returns
     -------
@@ -149,7 +154,7 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, wo
         float32 [len(nodes) or N, out_dim]: the last layer's output (logits, or node
         embeddings for a link-prediction encoder).
     """
-    if not store.manifest.has_features:
+    if input_rows is None and not store.manifest.has_features:
         raise ConfigError(f"{store.path}: layer-wise inference needs the store's features")
     if model.kind == "rgcn" and not store.manifest.has_relations:
         raise ConfigError(f"{store.path}: an RGCN needs edge relations; the store has none")
@@ -160,9 +165,9 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, wo
     c = min(c, p)
     stats = stats if stats is not None else InferenceStats()
     started = time.perf_counter()
-    own_dir = work_dir is None
-    root = Path(tempfile.mkdtemp(prefix="graphstore-infer-")) if own_dir else Path(work_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    if work_dir is not None:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="graphstore-infer-", dir=work_dir))
     was_training = model.training
     model.eval()
     try:
@@ -175,7 +180,7 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, wo
             width = _out_width(layer)
             target = ScratchRows(root / f"layer{l + 1}.npy", n, width, P)
             _run_layer(model, l, layer, store, plan, sizes, source, target, root, stats,
-                       input_transform if l == 0 else None)
+                       input_transform if l == 0 else None, input_rows)
             target.flush()
             if source is not None:
                 del source.rows
@@ -201,7 +206,8 @@ def _out_width(layer) -> int:
 
 def _run_layer(model: GNN, l: int, layer, store: Store, plan, sizes: np.ndarray, source: ScratchRows | None,
                target: ScratchRows, root: Path, stats: InferenceStats,
-               transform: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+               transform: Callable[[torch.Tensor], torch.Tensor] | None,
+               input_rows: Callable[[int], np.ndarray] | None) -> None:
     p, P = store.num_partitions, store.partition_size
     gcn, rgcn = model.kind == "gcn", model.kind == "rgcn"
     last = l == model.num_layers - 1
@@ -216,7 +222,10 @@ def _run_layer(model: GNN, l: int, layer, store: Store, plan, sizes: np.ndarray,
     spilled: set[int] = set()
 
     def admit(k: int) -> None:
-        block = store.read_features(k) if source is None else source.read(k)
+        if source is not None:
+            block = source.read(k)
+        else:
+            block = input_rows(k) if input_rows is not None else store.read_features(k)
         rows[k] = torch.from_numpy(np.asarray(block, dtype=np.float32))
         stats.bytes_read += rows[k].numel() * 4
         stats.planned_bytes += rows[k].numel() * 4

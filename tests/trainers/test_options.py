@@ -31,7 +31,8 @@ LP_CONFIG_KEYS = {
     "batch_size", "buffer_bytes", "buffer_partitions", "checkpoint_dir", "config", "corrupt", "decoder_hidden",
     "decoder_layers", "degree_fraction", "device", "dropout", "embedding_dim", "embedding_lr",
     "embedding_optimizer", "embedding_scale", "embeddings", "encoder", "epochs", "eval", "eval_batch_size",
-    "eval_corrupt", "eval_every", "eval_mode", "fanouts", "heads", "hidden", "learnable_embeddings", "loader",
+    "eval_corrupt", "eval_encoder", "eval_every", "eval_mode", "fanouts", "heads", "hidden", "learnable_embeddings",
+    "loader",
     "loss", "lr", "margin", "metrics_out", "model", "negatives", "num_chunks", "num_logical_partitions",
     "optimizer", "policy", "prefetch", "regularization", "relation_init", "resume", "scheme", "seed", "store"}
 
