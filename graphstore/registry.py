@@ -21,6 +21,7 @@ elsewhere::
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -44,6 +45,8 @@ class Entry(Generic[T]):
     """What the name stands for (a function, a `Policy`, a scheme object...)."""
     summary: str
     """One line for ``--help`` and error messages."""
+    origin: str = ""
+    """The module that registered it (named when a second registration is refused)."""
 
 
 class Registry(Generic[T]):
@@ -63,11 +66,13 @@ class Registry(Generic[T]):
         self.error = error
         self._entries: dict[str, Entry[T]] = {}
 
-    def register(self, name: str, value: T | None = None, *, summary: str | None = None):
+    def register(self, name: str, value: T | None = None, *, summary: str | None = None, stacklevel: int = 1):
         """Register ``value`` under ``name``; without ``value``, a decorator that registers
         what it decorates (and returns it unchanged).
 
-        ``summary`` defaults to the first line of the value's docstring.
+        ``summary`` defaults to the first line of the value's docstring. ``stacklevel``, as
+        for `warnings.warn`: a helper that registers on its caller's behalf passes 2, so the
+        caller's module is the one recorded.
 
         Raises
         ------
@@ -78,16 +83,20 @@ class Registry(Generic[T]):
         if not isinstance(name, str) or not _NAME.match(name):
             raise self.error(f"a {self.kind} name must match {_NAME.pattern} (got {name!r})")
 
-        def add(obj: T) -> T:
+        def add(obj: T, origin: str) -> T:
             if name in self._entries:
-                where = getattr(self._entries[name].value, "__module__", None)
+                where = self._entries[name].origin
                 raise self.error(f"a {self.kind} named {name!r} is already registered"
                                  + (f" (by {where})" if where else "") + "; pick another name")
             text = summary if summary is not None else _first_line(obj)
-            self._entries[name] = Entry(name, obj, text)
+            self._entries[name] = Entry(name, obj, text, origin)
             return obj
 
-        return add if value is None else add(value)
+        if value is None:
+            def decorate(obj: T) -> T:
+                return add(obj, _module_of(sys._getframe(1)))  # the module the decorator is in
+            return decorate
+        return add(value, _module_of(sys._getframe(stacklevel)))
 
     def unregister(self, name: str) -> None:
         """Remove ``name`` (for tests that register a toy implementation and clean up)."""
@@ -125,6 +134,10 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"<Registry of {self.kind}: {', '.join(self.names())}>"
+
+
+def _module_of(frame) -> str:
+    return frame.f_globals.get("__name__", "") if frame is not None else ""
 
 
 def _first_line(obj: object) -> str:

@@ -155,3 +155,25 @@ def test_infer_from_a_trainer_checkpoint(cora, tmp_path):
     assert main(["infer", str(cora.path), "--checkpoint", str(ckpt), "--split", "all",
                  "--out", str(tmp_path / "all.npy"), "--capacity", "2"]) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "all.npy"), want)
+
+
+def test_a_changed_spilled_accumulator_is_refused(tmp_path):
+    from graphstore.inference.layerwise import _restore, _spill
+    from graphstore.nn import SAGEConv
+
+    layer = SAGEConv(4, 3)
+    h = torch.randn(5, 4)
+    with torch.no_grad():  # as inference runs
+        acc = layer.partial_begin(h)
+        layer.partial_update(acc, h, torch.tensor([0, 1, 2]), torch.tensor([1, 1, 4]))
+    path = tmp_path / "acc.npz"
+    _spill(path, acc)
+    back, _ = _restore(path, h)  # read back whole, and the file is gone
+    assert torch.equal(back.total, acc.total) and torch.equal(back.count, acc.count) and not path.exists()
+    _spill(path, acc)
+    with np.load(path) as data:
+        arrays = {name: data[name] for name in data.files}
+    arrays["total"][0, 0] += 1.0  # a changed value under the old checksum
+    np.savez(path, **arrays)
+    with pytest.raises(CorruptStoreError, match="acc.npz: a spilled accumulator fails its checksum"):
+        _restore(path, h)

@@ -36,7 +36,7 @@ def test_decorator_and_call_forms_register_and_return_the_value(toys):
     assert decorated is plan_a
     assert toys.register("b", plan_b, summary="second toy") is plan_b
     assert toys.get("a") is plan_a and toys.get("b") is plan_b
-    assert toys.entry("a") == Entry("a", plan_a, "First toy")
+    assert toys.entry("a") == Entry("a", plan_a, "First toy", __name__)  # registered here
     assert toys.entry("b").summary == "second toy"
 
 
@@ -133,7 +133,9 @@ def test_register_reader_validates_then_registers_and_refuses_duplicates():
     try:
         assert get_reader("toy") is read_toy
         assert READERS.entry("toy").summary == "Toy reader"
-        with pytest.raises(ValueError, match="already registered"):  # SourceError is a ValueError
+        # SourceError is a ValueError; the message names this module, which registered it
+        # through the register_reader helper (not the helper's own module).
+        with pytest.raises(ValueError, match=rf"already registered \(by {__name__}\)"):
             register_reader("toy", read_toy)
     finally:
         READERS.unregister("toy")
@@ -151,7 +153,7 @@ def test_partitioners_registry():
 
     try:
         assert PARTITIONERS.get("toy-order") is toy and "toy-order" in available_partitioners()
-        with pytest.raises(ConfigError, match="already registered"):
+        with pytest.raises(ConfigError, match=rf"already registered \(by {__name__}\)"):
             register_partitioner("toy-order")(toy)
     finally:
         PARTITIONERS.unregister("toy-order")

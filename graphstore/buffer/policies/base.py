@@ -267,7 +267,7 @@ def register_policy(
             raise ConfigError(f"a policy named {name!r} is already registered "
                               f"({POLICIES.get(name).plan.__module__}); pick another name")
         POLICIES.register(name, Policy(name=name, task=task, plan=plan, options=tuple(options), summary=summary),
-                          summary=summary)
+                          summary=summary, stacklevel=2)  # the decorated function's module
         return plan
 
     return decorate

@@ -107,7 +107,7 @@ def register_reader(name: str, reader: SourceReader, *, options: Iterable[str] =
         raise SourceError(f"unknown reader options {unknown} (known: {', '.join(OPTION_NAMES)})")
     if summary is None:  # the registry would read SourceFormat's docstring, not the reader's
         summary = (reader.__doc__ or "").strip().partition("\n")[0].rstrip(".")
-    READERS.register(name, SourceFormat(reader, options), summary=summary)
+    READERS.register(name, SourceFormat(reader, options), summary=summary, stacklevel=2)
 
 
 def available_formats() -> tuple[str, ...]:
