@@ -16,21 +16,24 @@ from pathlib import Path
 from graphstore.errors import GraphStoreError
 from graphstore.units import parse_byte_size
 
-__all__ = ["main"]
+__all__ = ["byte_size", "main", "positive_int"]
 
 
-def _positive_int(text: str) -> int:
+# Argparse value types, also the trainers' (trainers/options.py): a flag's message is the
+# problem, in ``argument --x: <message>``.
+
+def positive_int(text: str) -> int:
     try:
         value = int(text)
-    except ValueError:
+    except (TypeError, ValueError):
         raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive (got {value})")
     return value
 
 
-def _byte_size(text: str) -> int:
-    """`parse_byte_size` for argparse: its message in ``argument --x: <message>``."""
+def byte_size(text: str) -> int:
+    """``4194304``, ``4MiB``, ``512K``, ``1G`` -> bytes (`graphstore.units.parse_byte_size`)."""
     try:
         return parse_byte_size(text)
     except ValueError as exc:
@@ -59,8 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--format", choices=READERS.names(),
                    help=_escape(f"source format (default: detected): {READERS.help_text()}"))
     size = c.add_mutually_exclusive_group()
-    size.add_argument("--partitions", type=_positive_int, metavar="P", help="number of partitions")
-    size.add_argument("--partition-bytes", type=_byte_size, metavar="B",
+    size.add_argument("--partitions", type=positive_int, metavar="P", help="number of partitions")
+    size.add_argument("--partition-bytes", type=byte_size, metavar="B",
                       help="target bytes of features+edges per partition (default 4MiB)")
     c.add_argument("--partitioner", choices=PARTITIONERS.names(),
                    help=_escape("default: metis, or stream for graphs too large for it (over 50M edges); "
@@ -81,12 +84,12 @@ def _parser() -> argparse.ArgumentParser:
                            help="store every source edge in both directions")
     c.add_argument("--features", metavar="NPY", help="edge list: node features (.npy, [N, D])")
     c.add_argument("--labels", metavar="NPY", help="edge list: node labels (.npy, [N])")
-    c.add_argument("--num-nodes", type=_positive_int, help="edge list: number of nodes (default max id + 1)")
+    c.add_argument("--num-nodes", type=positive_int, help="edge list: number of nodes (default max id + 1)")
     c.add_argument("--root", metavar="DIR", help="OGB: directory holding (or to download) named datasets")
     c.add_argument("--split", metavar="NAME", help="OGB: split directory to use when there are several")
-    c.add_argument("--chunk-edges", type=_positive_int, default=1 << 20,
+    c.add_argument("--chunk-edges", type=positive_int, default=1 << 20,
                    help="edges per streaming step (bounds memory; default 1048576)")
-    c.add_argument("--partition-memory", type=_byte_size, metavar="B", dest="partition_memory_bytes",
+    c.add_argument("--partition-memory", type=byte_size, metavar="B", dest="partition_memory_bytes",
                    help="memory budget of the stream partitioner (default 1GiB, more for graphs "
                         "of over 33M nodes: it keeps 24 bytes per node)")
     c.add_argument("--hub-fraction", type=float, default=0.01, metavar="F",
@@ -125,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     inf.add_argument("--out", required=True, metavar="OUT",
                      help="OUT.npy: the outputs [n, C] in the split's order (ascending store ids); "
                           "OUT.npz: also ids, source_ids and predictions")
-    inf.add_argument("--capacity", type=_positive_int, metavar="C",
+    inf.add_argument("--capacity", type=positive_int, metavar="C",
                      help="partitions held at once (default a quarter, at least 2)")
     inf.add_argument("--normalize-features", choices=["none", "row"],
                      help="row-normalise the input features (default: what the trainer's checkpoint recorded)")
@@ -136,14 +139,14 @@ def _parser() -> argparse.ArgumentParser:
                                     "so you can see what an epoch will read before training.")
     pl.add_argument("--policy", required=True, metavar="NAME",
                     help="comet, beta, sequential, dispersed, hierbatching or in_memory")
-    pl.add_argument("--partitions", type=_positive_int, required=True, metavar="P",
+    pl.add_argument("--partitions", type=positive_int, required=True, metavar="P",
                     help="number of partitions")
-    pl.add_argument("--capacity", type=_positive_int, required=True, metavar="C",
+    pl.add_argument("--capacity", type=positive_int, required=True, metavar="C",
                     help="partitions the buffer holds (clamped to P)")
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--epoch", type=int, default=0)
-    pl.add_argument("--reuse", type=_positive_int, help="hierbatching: passes over each mega-batch")
-    pl.add_argument("--num-logical-partitions", type=_positive_int, metavar="L",
+    pl.add_argument("--reuse", type=positive_int, help="hierbatching: passes over each mega-batch")
+    pl.add_argument("--num-logical-partitions", type=positive_int, metavar="L",
                     help="comet: logical partitions (default ceil(P / floor(C/2)))")
     pl.add_argument("--train-partitions", type=_id_list, metavar="0,1,2",
                     help="node policies: partitions holding training nodes (default all)")

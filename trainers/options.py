@@ -31,8 +31,8 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Self
 
+from graphstore.cli import byte_size, positive_int  # the argparse types the command line uses too
 from graphstore.errors import ConfigError
-from graphstore.units import parse_byte_size
 
 __all__ = [
     "CommonOptions", "OptionSpec", "Options", "UsageError", "byte_size", "fanout_list", "option",
@@ -47,16 +47,6 @@ class UsageError(ConfigError):
 # Converters take the text of a flag (TOML values are passed as ``str(value)``, so a flag
 # and a file entry read alike) and raise argparse.ArgumentTypeError with the message shown.
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive (got {value})")
-    return value
-
-
 def fanout_list(text: str) -> tuple[int, ...]:
     """``"15,10,5"`` -> (15, 10, 5); -1 means all neighbours. ``fanouts[0]`` is the hop
     nearest the targets (the last GNN layer's)."""
@@ -69,14 +59,6 @@ def fanout_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"fanouts must be positive or -1 (all), one per layer (got {text!r})")
     return values
-
-
-def byte_size(text: str) -> int:
-    """``4194304``, ``4MiB``, ``512K``, ``1G`` -> bytes (`graphstore.units.parse_byte_size`)."""
-    try:
-        return parse_byte_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def unit_float(text: str) -> float:

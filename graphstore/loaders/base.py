@@ -4,7 +4,7 @@ buffer walk, and the epoch's buffer counters."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from graphstore.buffer import BufferMemory, BufferStats, StaticCache
@@ -14,7 +14,7 @@ from graphstore.errors import ConfigError, OutOfCoreWarning
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
 from graphstore.loaders.schemes import SCHEMES, Scheme
-from graphstore.loaders.stages import BufferWalk, Planner
+from graphstore.loaders.stages import BufferWalk, EpochContext, Planner, Stage, run_stages
 
 __all__ = ["BufferedLoader"]
 
@@ -108,6 +108,26 @@ class BufferedLoader:
     def plan(self, epoch: int) -> EpochPlan:
         """The epoch's `EpochPlan` (a pure function of the settings and ``epoch``)."""
         return self.planner.plan(epoch)
+
+    def stages(self) -> list[Stage]:
+        """The stages after the buffer walk, in order (the subclass's composition)."""
+        raise NotImplementedError
+
+    def num_batches(self, epoch: int) -> int:
+        raise NotImplementedError
+
+    def epoch(self, epoch: int, *, lookahead: bool = True) -> Iterator:
+        """The batches of ``epoch`` (each valid until the next one is requested); with
+        ``lookahead``, the next epoch's first partitions are read during the last state."""
+        ctx = EpochContext(epoch, self.plan(epoch), self.seed)
+        yield from run_stages(self.walk.states(ctx, lookahead=lookahead), self.stages(), ctx)
+
+    def __len__(self) -> int:
+        """Batches of epoch 0 (`num_batches`)."""
+        return self.num_batches(0)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.settings.to_dict()}>"
 
     @property
     def memory(self) -> BufferMemory | None:

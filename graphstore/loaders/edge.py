@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -11,17 +11,14 @@ from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
 from graphstore.loaders.base import BufferedLoader
-from graphstore.loaders.batches import EdgeBatch
 from graphstore.loaders.settings import EdgeLoaderSettings
 from graphstore.loaders.stages import (
     EdgeNeighbourSampling,
     EdgeTargets,
-    EpochContext,
     Negatives,
     Stage,
     batches_of,
     bucket_edge_counts,
-    run_stages,
 )
 
 __all__ = ["EdgeLoader"]
@@ -84,22 +81,9 @@ class EdgeLoader(BufferedLoader):
         ]
         return stages + ([EdgeNeighbourSampling(self.fanouts)] if self.fanouts is not None else [])
 
-    def __len__(self) -> int:
-        """Batches of epoch 0 (`num_batches`)."""
-        return self.num_batches(0)
-
     def num_batches(self, epoch: int) -> int:
         """Batches of ``epoch``: each state's assigned buckets' edges, cut into batches
         (COMET regroups every epoch, so the count varies a little)."""
         p = self.store.num_partitions
         sizes = np.diff(self.store.bucket_offsets).reshape(p, p).T  # sizes[i, j]: bucket (i, j)
         return batches_of(bucket_edge_counts(self.plan(epoch), sizes), self.batch_size)
-
-    def epoch(self, epoch: int, *, lookahead: bool = True) -> Iterator[EdgeBatch]:
-        """The batches of ``epoch`` (each valid until the next one is requested); with
-        ``lookahead``, the next epoch's first partitions are read during the last state."""
-        ctx = EpochContext(epoch, self.plan(epoch), self.seed)
-        yield from run_stages(self.walk.states(ctx, lookahead=lookahead), self.stages(), ctx)
-
-    def __repr__(self) -> str:
-        return f"<EdgeLoader {self.settings.to_dict()}>"

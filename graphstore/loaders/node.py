@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,17 +12,14 @@ from graphstore.buffer.policies import EpochPlan
 from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
 from graphstore.loaders.base import BufferedLoader
-from graphstore.loaders.batches import NodeBatch
 from graphstore.loaders.schemes import SCHEMES
 from graphstore.loaders.settings import NodeLoaderSettings
 from graphstore.loaders.stages import (
-    EpochContext,
     GatherRows,
     MicroBatchSplit,
     NeighbourSampling,
     NodeTargets,
     Stage,
-    run_stages,
 )
 from graphstore.sample import STRATEGIES
 from graphstore.sample.microbatch import DenseSizes
@@ -164,10 +161,6 @@ class NodeLoader(BufferedLoader):
         ]
         return stages + ([self.micro] if self.micro is not None else [])
 
-    def __len__(self) -> int:
-        """Batches of epoch 0 (`num_batches`)."""
-        return self.num_batches(0)
-
     def num_batches(self, epoch: int) -> int:
         """Batches of ``epoch`` (with ``reuse`` passes; states cut batches separately)."""
         plan = self.plan(epoch)
@@ -180,12 +173,3 @@ class NodeLoader(BufferedLoader):
         if passes is None:
             return [1] * len(plan.states)
         return [int(x) for x in passes] if self.policy == "hierbatching" else [int(x) * self.reuse for x in passes]
-
-    def epoch(self, epoch: int, *, lookahead: bool = True) -> Iterator[NodeBatch]:
-        """The batches of ``epoch`` (each valid until the next one is requested); with
-        ``lookahead``, the next epoch's first partitions are read during the last state."""
-        ctx = EpochContext(epoch, self.plan(epoch), self.seed)
-        yield from run_stages(self.walk.states(ctx, lookahead=lookahead), self.stages(), ctx)
-
-    def __repr__(self) -> str:
-        return f"<NodeLoader {self.settings.to_dict()}>"
