@@ -128,8 +128,12 @@ def _parser() -> argparse.ArgumentParser:
     inf.add_argument("--out", required=True, metavar="OUT",
                      help="OUT.npy: the outputs [n, C] in the split's order (ascending store ids); "
                           "OUT.npz: also ids, source_ids and predictions")
-    inf.add_argument("--capacity", type=positive_int, metavar="C",
-                     help="partitions held at once (default a quarter, at least 2)")
+    held = inf.add_mutually_exclusive_group()
+    held.add_argument("--buffer-bytes", type=byte_size, metavar="B",
+                      help="memory for the walk (e.g. 2GiB); each layer holds as many partitions as its "
+                           "widths allow (default: what a quarter of the partitions' features take)")
+    held.add_argument("--capacity", type=positive_int, metavar="C",
+                      help="partitions held at once in every layer, instead of --buffer-bytes")
     inf.add_argument("--normalize-features", choices=["none", "row"],
                      help="row-normalise the input features (default: what the trainer's checkpoint recorded)")
     inf.add_argument("--work-dir", metavar="D", help="scratch arrays here (default a temporary directory)")
@@ -277,7 +281,8 @@ def _run_infer(args: argparse.Namespace) -> int:
         nodes = None if args.split == "all" else np.asarray(store.read_node_split(args.split), dtype=np.int64)
         normalize = args.normalize_features or recorded.get("normalize_features", "none")
         stats = InferenceStats()
-        logits = infer_layerwise(model, store, capacity=args.capacity, nodes=nodes, stats=stats,
+        logits = infer_layerwise(model, store, capacity=args.capacity, buffer_bytes=args.buffer_bytes,
+                                 nodes=nodes, stats=stats,
                                  work_dir=args.work_dir, input_transform=normalize_rows if normalize == "row" else None)
         ids = np.arange(store.num_nodes) if nodes is None else nodes
         out = Path(args.out)
@@ -291,7 +296,7 @@ def _run_infer(args: argparse.Namespace) -> int:
         os.replace(tmp, out)  # whole or not at all
     print(f"{args.store}: {model.kind} x{model.num_layers} over every node, {len(ids):,} rows of {args.split!r} "
           f"to {out}; read {stats.bytes_read / 2**20:.1f} MiB (plan {stats.planned_bytes / 2**20:.1f} MiB), "
-          f"at most {stats.max_resident_partitions} partitions resident, {stats.seconds:.1f} s")
+          f"{'/'.join(map(str, stats.capacities))} partitions resident per layer, {stats.seconds:.1f} s")
     return 0
 
 

@@ -78,7 +78,10 @@ def test_spilled_accumulators_and_scratch_rows_are_checked(cora, tmp_path):
     assert stats.spill_bytes > 0  # with two partitions resident, destinations leave unfinished
     rows = ScratchRows(tmp_path / "r.npy", 10, 3, 4)
     rows.write(1, np.ones((4, 3), dtype=np.float32))
-    rows.rows[5, 1] = 7.0  # a flipped value on disk
+    np.testing.assert_array_equal(rows.read(1), np.ones((4, 3)))
+    on_disk = np.load(tmp_path / "r.npy", mmap_mode="r+")
+    on_disk[5, 1] = 7.0  # a flipped value on disk
+    on_disk.flush()
     with pytest.raises(CorruptStoreError, match="partition 1 fail their checksum"):
         rows.read(1)
 
@@ -168,7 +171,7 @@ def test_a_changed_spilled_accumulator_is_refused(tmp_path):
         layer.partial_update(acc, h, torch.tensor([0, 1, 2]), torch.tensor([1, 1, 4]))
     path = tmp_path / "acc.npz"
     _spill(path, acc)
-    back, _ = _restore(path, h)  # read back whole, and the file is gone
+    back, _ = _restore(path)  # read back whole, and the file is gone
     assert torch.equal(back.total, acc.total) and torch.equal(back.count, acc.count) and not path.exists()
     _spill(path, acc)
     with np.load(path) as data:
@@ -176,4 +179,71 @@ def test_a_changed_spilled_accumulator_is_refused(tmp_path):
     arrays["total"][0, 0] += 1.0  # a changed value under the old checksum
     np.savez(path, **arrays)
     with pytest.raises(CorruptStoreError, match="acc.npz: a spilled accumulator fails its checksum"):
-        _restore(path, h)
+        _restore(path)
+
+
+def test_a_byte_budget_picks_each_layers_capacity(cora):
+    from graphstore.errors import ConfigError
+    from graphstore.inference import min_buffer_bytes
+
+    torch.manual_seed(3)
+    # 1433 features to 8 hidden units: the first layer's walk moves 8-wide rows.
+    model = GNN("sage", in_dim=cora.feature_dim, hidden_dim=8, out_dim=cora.num_classes, num_layers=3)
+    want = full_graph_forward(model, cora).numpy()
+    least = min_buffer_bytes(model, cora)
+    for budget in (least, 3 * least, 1 << 30):
+        stats = InferenceStats()
+        got = infer_layerwise(model, cora, buffer_bytes=budget, stats=stats)
+        assert float(np.abs(got - want).max()) < 1e-4, budget
+        assert len(stats.capacities) == 3 and all(2 <= c <= cora.num_partitions for c in stats.capacities)
+        assert stats.max_resident_partitions == max(stats.capacities)
+    assert stats.capacities == [cora.num_partitions] * 3  # 1 GiB holds everything
+    with pytest.raises(ConfigError, match="buffer_bytes 1000 is too small for layer 0"):
+        infer_layerwise(model, cora, buffer_bytes=1000)
+    with pytest.raises(ConfigError, match="not both"):
+        infer_layerwise(model, cora, buffer_bytes=least, capacity=2)
+
+
+def test_states_come_in_pieces_and_prefetch_changes_nothing(cora, monkeypatch):
+    import graphstore.inference.layerwise as lw
+
+    model = GNN("gat", in_dim=cora.feature_dim, hidden_dim=8, out_dim=cora.num_classes, num_layers=2, heads=2)
+    steps = []
+    pieces = lw._Walk._pieces
+    monkeypatch.setattr(lw._Walk, "_pieces", lambda self, *a: steps.append(pieces(self, *a)) or steps[-1])
+    # A capacity without a budget: pieces of the largest bucket's size.
+    ahead = infer_layerwise(model, cora, capacity=2)
+    states = {s for s, _ in steps[0]}
+    assert len(steps[0]) > len(states)  # some state's buckets came in more than one piece
+    alone = infer_layerwise(model, cora, capacity=2, prefetch=False)
+    np.testing.assert_array_equal(ahead, alone)  # the same pieces in the same order
+
+
+def test_an_error_while_reading_ahead_reaches_the_caller_and_nothing_is_left(cora, tmp_path):
+    model = GNN("sage", in_dim=cora.feature_dim, hidden_dim=8, out_dim=cora.num_classes, num_layers=2)
+
+    def rows(k):
+        if k == 4:
+            raise OSError(f"partition {k}: the disk went away")
+        return cora.read_features(k)
+
+    with pytest.raises(OSError, match="partition 4: the disk went away"):
+        infer_layerwise(model, cora, capacity=2, input_rows=rows, work_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # the scratch went with the failed run
+    import threading
+
+    assert not [t for t in threading.enumerate() if t.name.startswith("graphstore-infer")]  # joined
+
+
+def test_an_all_zero_field_is_spilled_as_its_shape(tmp_path):
+    from graphstore.inference.layerwise import _restore, _spill
+    from graphstore.nn import SAGEConv
+
+    layer = SAGEConv(4, 300)
+    with torch.no_grad():
+        acc = layer.partial_begin(torch.randn(1000, 4))
+    acc.own = None
+    written = _spill(tmp_path / "a.npz", acc)
+    assert written < 100  # [1000, 4] zeros and [1000] zero counts: two shapes
+    back, _ = _restore(tmp_path / "a.npz")
+    assert torch.equal(back.total, acc.total) and back.count.dtype == torch.int64 and not back.count.any()

@@ -74,7 +74,7 @@ import graphstore
 from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EMBEDDINGS_ARRAY, EmbeddingTable
 from graphstore.buffer import POLICIES as POLICY_REGISTRY
-from graphstore.inference import infer_layerwise
+from graphstore.inference import infer_layerwise, min_buffer_bytes
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import EdgeBatch, EdgeLoader, EdgeLoaderSettings
 from graphstore.nn import DECODERS, GNN, full_ranks, link_loss, ogb_hits_at_k, ranking_metrics
@@ -458,8 +458,11 @@ class Trainer:
         encoder = self.model.encoder.cpu()
         rows = (lambda k: self.table.read_partition(k)[:, 0]) if self.use_embeddings else None
         try:
-            return torch.from_numpy(infer_layerwise(encoder, self.store, capacity=max(2, self.loader.capacity),
-                                                    input_rows=rows))
+            # The memory the training buffer's input rows take (or the least the inference needs).
+            width = encoder.layers[0].in_dim
+            budget = max(max(2, self.loader.capacity) * self.store.partition_size * width * 4,
+                         min_buffer_bytes(encoder, self.store))
+            return torch.from_numpy(infer_layerwise(encoder, self.store, buffer_bytes=budget, input_rows=rows))
         finally:
             encoder.to(self.device)
 

@@ -75,12 +75,16 @@ class PartialAggregate:
     ``total`` is what the layer sums over in-edges (messages; GAT: attention-weighted
     messages under the running maximum); the other fields are set by the layers that need
     them. The tensors are updated in place and belong to the block: keep one per block.
+    Nothing in it refers to the destinations' layer input: an accumulator can be written
+    out and read back without its block's input rows.
     """
 
-    h_dst: torch.Tensor
-    """[n, in_dim] the destination rows' own layer input (their self terms)."""
     total: torch.Tensor
-    """Running sum: [n, width] (RGCN: [n, R, out_dim]; GAT: [n, heads, out_dim])."""
+    """Running sum: [n, width] (RGCN: [n, R, out_dim]; GAT: [n, heads, out_dim]; GIN: it
+    opens with the self term ``(1 + eps) h_v``; GCN and GAT: with the self loop's message)."""
+    own: torch.Tensor | None = None
+    """SAGE, RGCN: the destination rows' self term ``W_self h_v`` [n, out_dim], computed when
+    the block opens, so the block's layer input is not needed again."""
     count: torch.Tensor | None = None
     """In-edges seen per row (SAGE: [n]; RGCN: per relation [n, R]), int64."""
     norm: torch.Tensor | None = None
@@ -120,8 +124,8 @@ class _PartialForm:
         if src.shape != dst.shape or src.dim() != 1:
             raise ConfigError(f"src and dst must be 1-d and aligned (got {list(src.shape)} and {list(dst.shape)})")
         if isinstance(h_src, torch.Tensor):
-            if h_src.dim() != 2 or h_src.shape[1] != acc.h_dst.shape[1]:
-                raise ConfigError(f"h_src must have shape [n, {acc.h_dst.shape[1]}] (got {list(h_src.shape)})")
+            if h_src.dim() != 2 or h_src.shape[1] != self.in_dim:
+                raise ConfigError(f"h_src must have shape [n, {self.in_dim}] (got {list(h_src.shape)})")
             h_src = self.partial_sources(h_src, degrees_src=degrees_src)
         self._accumulate(acc, h_src, src, dst, edge_type)
 
@@ -156,20 +160,20 @@ class SAGEConv(_PartialForm, nn.Module):
         # Only rows someone reads are projected, which is all of them in a DENSE layer.
         return self.fc_nbr(h) if self.in_dim > self.out_dim else h
 
-    def _output(self, h_dst: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-        agg = mean if self.in_dim > self.out_dim else self.fc_nbr(mean)
-        return self.fc_self(h_dst) + agg
+    def _aggregated(self, mean: torch.Tensor) -> torch.Tensor:
+        return mean if self.in_dim > self.out_dim else self.fc_nbr(mean)
 
     def forward(self, h: torch.Tensor, layer: Layer) -> torch.Tensor:
         view = layer_view(layer)
         _check_input(h, view)
         mean = segment_mean(self._messages(h).index_select(0, view.nbr_index), view.segment, view.nbr_counts)
-        return self._output(h[view.self_rows], mean)
+        agg = self._aggregated(mean)
+        return self.fc_self(h[view.self_rows]) + agg  # the self term: partial_begin's ``own``
 
     def partial_begin(self, h_dst: torch.Tensor, **_) -> PartialAggregate:
         width = self.out_dim if self.in_dim > self.out_dim else self.in_dim
         n = h_dst.shape[0]
-        return PartialAggregate(h_dst, h_dst.new_zeros(n, width),
+        return PartialAggregate(h_dst.new_zeros(n, width), own=self.fc_self(h_dst),
                                 count=torch.zeros(n, dtype=torch.int64, device=h_dst.device))
 
     def partial_sources(self, h_src: torch.Tensor, **_) -> PartialSources:
@@ -181,7 +185,7 @@ class SAGEConv(_PartialForm, nn.Module):
 
     def partial_finish(self, acc: PartialAggregate) -> torch.Tensor:
         scale = 1.0 / acc.count.clamp(min=1).to(acc.total.dtype)
-        return self._output(acc.h_dst, acc.total * scale[:, None])
+        return acc.own + self._aggregated(acc.total * scale[:, None])
 
 
 class GCNConv(_PartialForm, nn.Module):
@@ -239,7 +243,7 @@ class GCNConv(_PartialForm, nn.Module):
         if degrees_dst.shape != (h_dst.shape[0],):
             raise ConfigError(f"degrees_dst must have shape [{h_dst.shape[0]}] (got {list(degrees_dst.shape)})")
         norm = self._norm(degrees_dst, h_dst.dtype)
-        return PartialAggregate(h_dst, self._messages(h_dst, norm), norm=norm)
+        return PartialAggregate(self._messages(h_dst, norm), norm=norm)
 
     def partial_sources(self, h_src: torch.Tensor, *, degrees_src: torch.Tensor | None = None,
                         **_) -> PartialSources:
@@ -334,8 +338,7 @@ class GATConv(_PartialForm, nn.Module):
         score_dst = (x_self * self.attn_dst).sum(-1)
         # The self loop opens the sum: its logit is the running maximum, its weight exp(0) = 1.
         top = self._logits(score_src, score_dst)
-        return PartialAggregate(h_dst, x_self.clone(), score_dst=score_dst, max=top,
-                                denom=torch.ones_like(top))
+        return PartialAggregate(x_self.clone(), score_dst=score_dst, max=top, denom=torch.ones_like(top))
 
     def partial_sources(self, h_src: torch.Tensor, **_) -> PartialSources:
         x, score = self._project(h_src)
@@ -393,13 +396,14 @@ class GINConv(_PartialForm, nn.Module):
         view = layer_view(layer)
         _check_input(h, view)
         agg = segment_sum(h.index_select(0, view.nbr_index), view.segment, view.num_outputs)
-        return self._output(h[view.self_rows], agg)
+        return self.mlp(self._own(h[view.self_rows]) + agg)
 
-    def _output(self, h_dst: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
-        return self.mlp((1 + self.eps) * h_dst + agg)
+    def _own(self, h_dst: torch.Tensor) -> torch.Tensor:
+        return (1 + self.eps) * h_dst
 
     def partial_begin(self, h_dst: torch.Tensor, **_) -> PartialAggregate:
-        return PartialAggregate(h_dst, torch.zeros_like(h_dst))
+        # The sum opens with the self term: the block's input rows are not needed after.
+        return PartialAggregate(self._own(h_dst))
 
     def partial_sources(self, h_src: torch.Tensor, **_) -> PartialSources:
         return PartialSources(h_src)
@@ -408,7 +412,7 @@ class GINConv(_PartialForm, nn.Module):
         acc.total.index_add_(0, dst, sources.rows.index_select(0, src))
 
     def partial_finish(self, acc: PartialAggregate) -> torch.Tensor:
-        return self._output(acc.h_dst, acc.total)
+        return self.mlp(acc.total)
 
 
 class RGCNConv(_PartialForm, nn.Module):
@@ -477,7 +481,7 @@ class RGCNConv(_PartialForm, nn.Module):
 
     def partial_begin(self, h_dst: torch.Tensor, **_) -> PartialAggregate:
         n, r = h_dst.shape[0], self.num_relations
-        return PartialAggregate(h_dst, h_dst.new_zeros(n, r, self.out_dim),
+        return PartialAggregate(h_dst.new_zeros(n, r, self.out_dim), own=self.fc_self(h_dst),
                                 count=torch.zeros(n, r, dtype=torch.int64, device=h_dst.device))
 
     def partial_sources(self, h_src: torch.Tensor, **_) -> PartialSources:
@@ -494,7 +498,7 @@ class RGCNConv(_PartialForm, nn.Module):
     def partial_finish(self, acc: PartialAggregate) -> torch.Tensor:
         # A mean per relation (sums kept per relation until every edge has been seen).
         mean = acc.total / acc.count.clamp(min=1).to(acc.total.dtype)[..., None]
-        return self.fc_self(acc.h_dst) + mean.sum(1)
+        return acc.own + mean.sum(1)
 
 
 LAYERS = ("gat", "gcn", "gin", "rgcn", "sage")
