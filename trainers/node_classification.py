@@ -65,7 +65,7 @@ from torch.nn import functional as F
 import graphstore
 from graphstore.errors import ConfigError
 from graphstore.buffer import POLICIES as POLICY_REGISTRY
-from graphstore.inference import InferenceStats, infer_layerwise
+from graphstore.inference import InferenceStats, infer_layerwise, min_buffer_bytes
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import NodeLoader, NodeLoaderSettings
 from graphstore.nn import GNN, layer_degrees, micro_batch_backward, normalize_rows, step_estimator
@@ -111,6 +111,13 @@ class NodeClassificationOptions(CommonOptions):
     micro_strategy: str = option(
         "reg", choices=MICRO_STRATEGIES,
         help="how targets are grouped into micro-batches: " + STRATEGY_REGISTRY.help_text())
+    macro_batches: int | None = option(
+        None, type=lambda text: -1 if str(text) == "all" else positive_int(text), metavar="B",
+        help="macrobatch: mini-batches whose input rows are read from the store at once, or 'all' "
+             "(default 16)")
+    macro_batch_bytes: int | None = option(
+        None, type=byte_size, metavar="BYTES",
+        help="macrobatch: most bytes of feature rows held at once (a larger macro-batch is read in rounds)")
     policy: str | None = option(None, choices=POLICIES, help="buffer policy (default by scheme): "
                                 + POLICY_REGISTRY.help_text(lambda p: p.task in ("node", "both")))
     reuse: int | None = option(None, type=positive_int, help="passes over each mega-batch (megabatch default 2)")
@@ -130,9 +137,9 @@ class NodeClassificationOptions(CommonOptions):
              "can take larger batches than training")
     eval_scheme: str | None = option(
         None, choices=EVAL_SCHEMES,
-        help="scheme of evaluation (default --scheme; minibatch = in memory, for graphs that fit; exact = "
-             "every layer over the whole graph with all neighbours, out of core, within the training "
-             "scheme's resident partitions)")
+        help="scheme of evaluation (default: exact for megabatch and disk unless --eval-fanouts is given, "
+             "else --scheme; minibatch = in memory, for graphs that fit; exact = every layer over the whole "
+             "graph with all neighbours, out of core, in the training buffer's memory)")
     hidden: int = option(64, type=positive_int, help="hidden width")
     dropout: float = option(0.5, type=unit_float)
     weight_decay: float = option(5e-4, type=float)
@@ -158,6 +165,8 @@ class NodeClassificationOptions(CommonOptions):
             raise ConfigError("give --micro-batches or --micro-batch-budget, not both")
         if self.scheme == "microbatch" and not self.micro_batching:
             raise ConfigError("--scheme microbatch needs --micro-batches K or --micro-batch-budget BYTES")
+        if self.scheme != "macrobatch" and (self.macro_batches is not None or self.macro_batch_bytes is not None):
+            raise ConfigError("--macro-batches and --macro-batch-bytes are for --scheme macrobatch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +227,16 @@ def epoch_lr(args: NodeClassificationOptions, epoch: int) -> float:
 
 def resolve_config(args: NodeClassificationOptions, store) -> NodeClassificationConfig:
     """The options as recorded and compared on resume (every choice made explicit)."""
-    if args.eval_scheme == "exact":
+    # The data path of microbatch is the in-memory minibatch loader; other schemes may split
+    # their batches too (micro-batches inside a mega-batch).
+    loader_scheme = "minibatch" if args.scheme == "microbatch" else args.scheme
+    eval_scheme = args.eval_scheme
+    if eval_scheme is None:
+        # The scheme's default evaluation (exact for megabatch and disk), unless evaluation
+        # fanouts were given: those ask for sampled evaluation with the training scheme.
+        default = SCHEME_REGISTRY.get(args.scheme).evaluation
+        eval_scheme = default if default is not None and args.eval_fanouts is None else loader_scheme
+    if eval_scheme == "exact":
         eval_fanouts, rule = (-1,) * len(args.fanouts), "exact: every neighbour, layer by layer over the whole graph"
     elif args.eval_fanouts is not None:
         eval_fanouts, rule = args.eval_fanouts, "given"
@@ -227,12 +245,9 @@ def resolve_config(args: NodeClassificationOptions, store) -> NodeClassification
         rule = f"all neighbours (store has <= {FULL_EVAL_MAX_EDGES} edges)"
     else:
         eval_fanouts, rule = args.fanouts, f"training fanouts (store has > {FULL_EVAL_MAX_EDGES} edges)"
-    # The data path of microbatch is the in-memory minibatch loader; other schemes may split
-    # their batches too (micro-batches inside a mega-batch).
-    loader_scheme = "minibatch" if args.scheme == "microbatch" else args.scheme
     return NodeClassificationConfig(options=args, eval_fanouts=eval_fanouts, eval_fanouts_rule=rule,
                                     eval_batch_size=args.eval_batch_size or args.batch_size,
-                                    eval_scheme=args.eval_scheme or loader_scheme, loader_scheme=loader_scheme)
+                                    eval_scheme=eval_scheme, loader_scheme=loader_scheme)
 
 
 def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificationConfig,
@@ -247,6 +262,8 @@ def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificat
         micro_kw = dict(micro_batches=args.micro_batches, micro_batch_budget=args.micro_batch_budget,
                         micro_strategy=args.micro_strategy,
                         step_estimator=step_estimator(model) if args.micro_batch_budget is not None else None)
+    if args.scheme == "macrobatch":
+        micro_kw.update(macro_batches=args.macro_batches, macro_batch_bytes=args.macro_batch_bytes)
     loaders = {"train": NodeLoader(store, split="train", fanouts=args.fanouts, batch_size=args.batch_size,
                                    reuse=args.reuse, shuffle=True, **dict(common_kw, scheme=args.scheme),
                                    **micro_kw)}
@@ -326,13 +343,15 @@ def evaluate(model, loader: NodeLoader, epoch: int, device,
 def evaluate_exact(model, store, capacity: int, args: NodeClassificationOptions,
                    splits: Sequence[str] = ("valid", "test")) -> tuple[dict[str, dict[str, float]], dict]:
     """Accuracy and mean cross-entropy of each split from exact layer-wise inference (every
-    layer over the whole graph, all neighbours, global in-degrees for GCN), holding at most
-    ``capacity`` partitions; returns the metrics by split and the inference's IO."""
+    layer over the whole graph, all neighbours, global in-degrees for GCN) in the memory the
+    training buffer's ``capacity`` partitions of features take (or the least the inference
+    needs, when more); returns the metrics by split and the inference's IO."""
     ids = {split: np.asarray(store.read_node_split(split), dtype=np.int64) for split in splits}
     nodes = np.concatenate(list(ids.values()))
     stats = InferenceStats()
     transform = normalize_rows if args.normalize_features == "row" else None
-    logits = torch.from_numpy(infer_layerwise(model, store, capacity=capacity, nodes=nodes, stats=stats,
+    budget = max(capacity * store.partition_size * store.feature_dim * 4, min_buffer_bytes(model, store))
+    logits = torch.from_numpy(infer_layerwise(model, store, buffer_bytes=budget, nodes=nodes, stats=stats,
                                               input_transform=transform))
     out, start = {}, 0
     for split, members in ids.items():
@@ -413,6 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             io = common.io_stats([loaders["train"].last_stats])
             record = {"epoch": epoch, "lr": lr, "train_loss": loss, "train_targets": n, "valid": valid, "test": test,
                       "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io, "micro_batching": loaders["train"].micro_stats or None,
+                      "macro_batching": (loaders["train"].fetch_stats.to_dict()
+                                         if loaders["train"].fetch_stats is not None else None),
                       "eval_io": eval_io}
             history.append(record)
             if best is None or valid["acc"] > best["valid"]["acc"]:

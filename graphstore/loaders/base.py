@@ -94,7 +94,8 @@ class BufferedLoader:
         self.embedding_dim = embedding_dim
         self.planner = Planner(store, self.policy, self.capacity, self.seed, self._plan_options())
         self.walk = BufferWalk(store, self.planner, prefetch=self.prefetch, embedding_dim=embedding_dim,
-                               cache=self.cache, embeddings=embeddings)
+                               cache=self.cache, embeddings=embeddings,
+                               with_features=self.scheme_spec.resident_features)
 
     def _common_settings(self) -> dict[str, Any]:
         return {"scheme": self.scheme, "policy": self.policy, "num_partitions": self.store.num_partitions,

@@ -12,6 +12,7 @@ from graphstore.buffer.policies import EpochPlan
 from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
 from graphstore.loaders.base import BufferedLoader
+from graphstore.loaders.macro import MacroBatchGather
 from graphstore.loaders.schemes import SCHEMES
 from graphstore.loaders.settings import NodeLoaderSettings
 from graphstore.loaders.stages import (
@@ -24,7 +25,10 @@ from graphstore.loaders.stages import (
 from graphstore.sample import STRATEGIES
 from graphstore.sample.microbatch import DenseSizes
 
-__all__ = ["NodeLoader"]
+__all__ = ["DEFAULT_MACRO_BATCHES", "NodeLoader"]
+
+DEFAULT_MACRO_BATCHES = 16
+"""Mini-batches per macro-batch of the macrobatch scheme when none is given."""
 
 
 class NodeLoader(BufferedLoader):
@@ -67,6 +71,12 @@ class NodeLoader(BufferedLoader):
         With the epoch number, all randomness of an epoch.
     prefetch : bool
         Load the next state in the background.
+    macro_batches : int or "all", optional
+        The ``macrobatch`` scheme's mini-batches per macro-batch ``B`` (default
+        `DEFAULT_MACRO_BATCHES`); their input rows are read from the store once
+        (`graphstore.loaders.macro`).
+    macro_batch_bytes : int, optional
+        Most bytes of feature rows held at once; a larger macro-batch is read in rounds.
     micro_batches, micro_batch_budget : int, optional
         Split every batch into K micro-batches, or into the fewest whose training step
         fits the budget in bytes by ``step_estimator`` (Betty); required by the
@@ -95,7 +105,8 @@ class NodeLoader(BufferedLoader):
                  shuffle: bool = True, seed: int = 0, prefetch: bool = True, direction: str = "in",
                  nodes=None, micro_batches: int | None = None, micro_batch_budget: int | None = None,
                  micro_strategy: str = "reg",
-                 step_estimator: Callable[[DenseSizes], int] | None = None) -> None:
+                 step_estimator: Callable[[DenseSizes], int] | None = None,
+                 macro_batches: int | str | None = None, macro_batch_bytes: int | None = None) -> None:
         if not store.manifest.has_labels:
             raise ConfigError(f"{store.path}: node classification needs labels; the store has none")
         if int(batch_size) < 1:
@@ -121,12 +132,35 @@ class NodeLoader(BufferedLoader):
                          seed=seed, prefetch=prefetch, cache_fraction=static_cache,
                          train_partitions=self.train_partitions)
         self.micro = self._micro_stage(micro_batches, micro_batch_budget, micro_strategy, step_estimator)
+        self.macro = self._macro_stage(macro_batches, macro_batch_bytes)
         self.settings = NodeLoaderSettings(
             **self._common_settings(), split=self.split, fanouts=self.fanouts, batch_size=self.batch_size,
             reuse=self.reuse, shuffle=shuffle, num_targets=int(self.targets.size),
             micro_batches=micro_batches if self.micro else None,
             micro_batch_budget=micro_batch_budget if self.micro else None,
-            micro_strategy=micro_strategy if self.micro else None)
+            micro_strategy=micro_strategy if self.micro else None,
+            macro_batches=self.macro.macro_batches if self.macro else None,
+            macro_batch_bytes=macro_batch_bytes if self.macro else None)
+
+    def _macro_stage(self, macro_batches: int | str | None, budget: int | None) -> MacroBatchGather | None:
+        if self.scheme_spec.resident_features:
+            if macro_batches is not None or budget is not None:
+                raise ConfigError(f"macro_batches and macro_batch_bytes are for the macrobatch scheme "
+                                  f"(scheme {self.scheme!r} holds the feature rows it trains on)")
+            return None
+        if macro_batches is None:
+            macro_batches = DEFAULT_MACRO_BATCHES
+        elif macro_batches == "all":
+            macro_batches = -1
+        elif not isinstance(macro_batches, int) or isinstance(macro_batches, bool):
+            raise ConfigError(f"macro_batches must be a positive integer or 'all' (got {macro_batches!r})")
+        return MacroBatchGather(self.store, macro_batches=macro_batches, macro_batch_bytes=budget,
+                                prefetch=self.prefetch)
+
+    @property
+    def fetch_stats(self):
+        """Macro-batching counters of the last epoch (`FetchStats`), or None without it."""
+        return None if self.macro is None else self.macro.stats
 
     def _micro_stage(self, k: int | None, budget: int | None, strategy: str,
                      estimator: Callable[[DenseSizes], int] | None) -> MicroBatchSplit | None:
@@ -157,7 +191,7 @@ class NodeLoader(BufferedLoader):
             NodeTargets(self.targets, partition_size=self.store.partition_size, batch_size=self.batch_size,
                         shuffle=self.shuffle, passes=self._passes),
             NeighbourSampling(self.fanouts, direction=self.direction),
-            GatherRows(),
+            GatherRows() if self.macro is None else self.macro,
         ]
         return stages + ([self.micro] if self.micro is not None else [])
 

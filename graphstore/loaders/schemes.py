@@ -19,7 +19,14 @@ disk        sequential /   half the partitions (MariusGNN); node classification 
                            MariusGNN's 2p/c, so two logical partitions are resident)
 microbatch  in_memory      as minibatch, each batch split into micro-batches (Betty) whose
                            gradients accumulate into the batch's update
+macrobatch  in_memory      the whole graph's structure and labels; feature rows read from
+                           the store once per macro-batch of B mini-batches (BatchGNN)
 =========== ============== ================================================================
+
+The trainers evaluate megabatch and disk exactly by default (`Scheme.evaluation`): every
+layer over the whole graph with all neighbours, out of core, instead of over the neighbours
+resident with each target, which biases accuracy (docs/benchmarks.md, "Exact inference out
+of core"); it costs about what the resident evaluation does on Cora and CiteSeer.
 
 A new scheme is one `Scheme` registered in `SCHEMES` (here or in the user's own module)::
 
@@ -69,6 +76,12 @@ class Scheme:
     """HierBatching's static cache on by default, when the default policy is used."""
     split_batches: bool = False
     """Every batch split into micro-batches (needs ``micro_batches`` or a budget)."""
+    resident_features: bool = True
+    """The buffer holds the resident partitions' feature rows; False: only the structure
+    and labels, the rows are read per macro-batch (``macrobatch``)."""
+    evaluation: str | None = None
+    """The trainers' default evaluation of node classification: ``"exact"`` (every layer
+    over the whole graph out of core, `graphstore.inference`) or None (the scheme itself)."""
 
 
 SCHEMES: Registry[Scheme] = Registry("scheme")
@@ -91,12 +104,17 @@ SCHEMES.register("megabatch", Scheme(
     name="megabatch", tasks=(TASK_NODE,),
     summary="HierBatching: a quarter of the partitions + static cache of hubs, each mega-batch twice",
     policy=lambda task, p, c, parts: "hierbatching", capacity=lambda p: max(2, math.ceil(p / 4)), reuse=2,
-    static_cache=True))
+    static_cache=True, evaluation="exact"))
 SCHEMES.register("disk", Scheme(
     name="disk", tasks=(TASK_NODE, TASK_LINK),
     summary="MariusGNN: half the partitions (sequential/dispersed; comet for links)",
-    policy=_disk_policy, capacity=lambda p: max(2, math.ceil(p / 2))))
+    policy=_disk_policy, capacity=lambda p: max(2, math.ceil(p / 2)), evaluation="exact"))
 SCHEMES.register("microbatch", Scheme(
     name="microbatch", tasks=(TASK_NODE,),
     summary="Betty: minibatch with every batch split into micro-batches",
     policy=lambda task, p, c, parts: "in_memory", capacity=lambda p: p, whole_graph=True, split_batches=True))
+SCHEMES.register("macrobatch", Scheme(
+    name="macrobatch", tasks=(TASK_NODE,),
+    summary="BatchGNN: the whole structure in memory, features read once per macro-batch of B mini-batches",
+    policy=lambda task, p, c, parts: "in_memory", capacity=lambda p: p, whole_graph=True,
+    resident_features=False))

@@ -141,11 +141,17 @@ class NodeLoaderSettings(LoaderSettings):
     """Bytes a micro-batch's training step may take; the fewest micro-batches that fit."""
     micro_strategy: str | None = None
     """How targets are grouped into micro-batches (`graphstore.sample.STRATEGIES`)."""
+    macro_batches: int | None = None
+    """Mini-batches per macro-batch (BatchGNN; -1: every batch of the epoch), or None."""
+    macro_batch_bytes: int | None = None
+    """Most bytes of feature rows a macro-batch round holds, or None (no bound)."""
 
     _KINDS: ClassVar[dict[str, str]] = {
         "split": _STR, "fanouts": _INTS, "batch_size": _INT, "reuse": _INT, "shuffle": _BOOL,
-        "num_targets": _INT, "micro_batches": _INT, "micro_batch_budget": _INT, "micro_strategy": _STR}
-    _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"micro_batches", "micro_batch_budget", "micro_strategy"})
+        "num_targets": _INT, "micro_batches": _INT, "micro_batch_budget": _INT, "micro_strategy": _STR,
+        "macro_batches": _INT, "macro_batch_bytes": _INT}
+    _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"micro_batches", "micro_batch_budget", "micro_strategy",
+                                                         "macro_batches", "macro_batch_bytes"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@ batches train. Each stage that draws takes its own random stream from the `Epoch
 another's draws. `run_stages` chains them and closes every stage when the consumer stops,
 so the buffer is closed (and embeddings written back) however the epoch ends.
 
-New schemes (macro-batching, distributed sharding, ``to_pyg()``/``to_dgl()``) are new
+Macro-batching is `graphstore.loaders.macro.MacroBatchGather` in place of `GatherRows`.
+New schemes (distributed sharding, ``to_pyg()``/``to_dgl()``) are new
 stages in this chain, not branches inside one generator.
 """
 
@@ -143,8 +144,9 @@ class BufferWalk:
     the background), with the slot memory allocated once for the run."""
 
     def __init__(self, store: Store, planner: Planner, *, prefetch: bool, embedding_dim: int,
-                 cache: StaticCache | None, embeddings: EmbeddingTable | None = None) -> None:
-        self.store, self.planner, self.prefetch = store, planner, prefetch
+                 cache: StaticCache | None, embeddings: EmbeddingTable | None = None,
+                 with_features: bool = True) -> None:
+        self.store, self.planner, self.prefetch, self.with_features = store, planner, prefetch, with_features
         self.embedding_dim, self.cache, self.embeddings = embedding_dim, cache, embeddings
         self.memory: BufferMemory | None = None
         self.epoch_stats: list[BufferStats] = []
@@ -159,9 +161,10 @@ class BufferWalk:
         if self.memory is None or self.memory.num_slots < need:
             # Allocated once for the run (re-allocated only if a later epoch needs more slots).
             self.memory = BufferMemory.allocate(
-                self.store, need, embedding_dim=self.embedding_dim,
+                self.store, need, embedding_dim=self.embedding_dim, with_features=self.with_features,
                 cache_rows=0 if self.cache is None else self.cache.num_nodes)
         buffer = BufferManager(self.store, states, prefetch=self.prefetch, memory=self.memory,
+                               with_features=self.with_features,
                                embeddings=self.embeddings, static_cache=self.cache, lookahead=ahead)
         try:
             yield from buffer

@@ -62,14 +62,18 @@ def test_each_scheme_learns_and_writes_the_metrics(cora_store, tmp_path, scheme,
     assert (loader["policy"], loader["capacity"]) == (policy, capacity)
     if scheme == "megabatch":  # HierBatching's defaults: a quarter of p, 1 % cache, reuse 2
         assert loader["reuse"] == 2 and loader["static_cache_nodes"] == 28
-        assert m["config"]["loaders"]["valid"]["reuse"] == 1
+    # megabatch and disk evaluate exactly by default (every layer over the whole graph, out of
+    # core: no evaluation loaders); minibatch with its own scheme.
+    evaluation = "minibatch" if scheme == "minibatch" else "exact"
+    assert m["config"]["eval_scheme"] == evaluation
+    assert ("valid" in m["config"]["loaders"]) == (evaluation == "minibatch")
     losses = [e["train_loss"] for e in m["epochs"]]
     assert losses[-1] < losses[0]
     assert m["final"]["test"]["acc"] > CHANCE + 0.35
     assert m["final"]["test"]["loss"] < math.log(7)  # below the loss of a uniform guess
     assert m["epochs"][0]["io"]["bytes_read"] > 0
     printed = capsys.readouterr().out
-    assert f"scheme {scheme}: policy {policy}" in printed and f"evaluation: scheme {scheme}" in printed
+    assert f"scheme {scheme}: policy {policy}" in printed and f"evaluation: scheme {evaluation}" in printed
     assert printed.count("\nepoch ") == 3  # one summary line per epoch
 
 
@@ -276,3 +280,36 @@ def test_exact_evaluation_equals_in_memory_evaluation_with_every_neighbour(cora_
             assert x[split]["acc"] == y[split]["acc"]
             assert abs(x[split]["loss"] - y[split]["loss"]) < 1e-5
         assert x["eval_io"]["bytes_read"] >= x["eval_io"]["planned_bytes"] > 0
+
+
+def test_the_default_evaluation_is_the_schemes(cora_store):
+    import graphstore
+
+    def evaluation(*argv):
+        args = nc.NodeClassificationOptions.parse(["--store", str(cora_store), *argv])
+        with graphstore.open(cora_store) as store:
+            return nc.resolve_config(args, store).eval_scheme
+
+    assert evaluation("--scheme", "megabatch") == "exact"
+    assert evaluation("--scheme", "disk") == "exact"
+    assert evaluation("--scheme", "minibatch") == "minibatch"
+    assert evaluation("--scheme", "microbatch", "--micro-batches", "2") == "minibatch"
+    # Evaluation fanouts ask for sampled evaluation: with the training scheme.
+    assert evaluation("--scheme", "megabatch", "--eval-fanouts", "5,5") == "megabatch"
+    assert evaluation("--scheme", "disk", "--eval-scheme", "minibatch") == "minibatch"
+
+
+def test_the_macrobatch_scheme_trains_as_minibatch(cora_store, tmp_path):
+    # Same sampler and streams over the whole graph: the same losses, whatever B.
+    losses = {}
+    for name, extra in (("minibatch", ["--scheme", "minibatch"]),
+                        ("macro", ["--scheme", "macrobatch", "--macro-batches", "all"])):
+        out = tmp_path / f"{name}.json"
+        assert run(["--store", cora_store, "--epochs", 2, "--metrics-out", out, "--batch-size", "32",
+                    "--fanouts", "5,5", "--hidden", "16", *extra]) == 0
+        m = read(out)
+        losses[name] = [e["train_loss"] for e in m["epochs"]]
+    assert losses["macro"] == losses["minibatch"]
+    fetched = m["epochs"][0]["macro_batching"]
+    assert fetched["macro_batches"] == 1 and 0 < fetched["rows_fetched"] < fetched["rows_requested"]
+    assert run(["--store", cora_store, "--epochs", 1, "--macro-batches", "4"]) != 0  # not for minibatch

@@ -24,7 +24,7 @@ LP = lp.LinkPredictionOptions
 NC_CONFIG_KEYS = {
     "batch_size", "buffer_bytes", "buffer_partitions", "checkpoint_dir", "config", "device", "dropout", "epochs",
     "eval_batch_size", "eval_fanouts", "eval_fanouts_rule", "eval_scheme", "fanouts", "heads", "hidden",
-    "loader_scheme", "loaders", "lr", "lr_schedule", "metrics_out", "micro_batch_budget", "micro_batches",
+    "loader_scheme", "loaders", "lr", "lr_schedule", "macro_batch_bytes", "macro_batches", "metrics_out", "micro_batch_budget", "micro_batches",
     "micro_batching", "micro_strategy", "model", "normalize_features", "num_layers", "policy", "prefetch", "resume",
     "reuse", "scheme", "seed", "static_cache", "store", "weight_decay"}
 LP_CONFIG_KEYS = {
@@ -72,7 +72,7 @@ def test_link_prediction_defaults_and_renamed_flag(tmp_path):
     ('lr = "fast"\n', "lr: cannot read 'fast' as float"),
     ('fanouts = [0, 5]\n', "fanouts: fanouts must be positive or -1"),
     ('buffer-bytes = "lots"\n', "buffer-bytes: expected a size like 512MiB"),
-    ('scheme = "tape"\n', "scheme must be one of disk, megabatch, microbatch, minibatch (got 'tape')"),
+    ('scheme = "tape"\n', "scheme must be one of disk, macrobatch, megabatch, microbatch, minibatch (got 'tape')"),
     ('resume = 1\n', "resume must be true or false (got 1)"),
     ('no-prefetch = "yes"\n', "no-prefetch must be true or false (got 'yes')"),
     ('store = 5\n', "store must be a string (got 5)"),
