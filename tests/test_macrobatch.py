@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import graphstore
 from graphstore.errors import ConfigError
 from graphstore.loaders import NodeLoader
+from graphstore.loaders.feature_cache import CacheStats, FeatureCache
 from graphstore.loaders.macro import FeatureFetch
 from graphstore.nn import GNN
 
@@ -53,12 +54,18 @@ def test_macro_batches_train_as_the_minibatch_scheme(cora):
     assert len(want_losses) == 2 * 9  # 140 targets in batches of 16
     for kw in ({"macro_batches": 1}, {"macro_batches": 4}, {"macro_batches": "all"},
                {"macro_batches": "all", "macro_batch_bytes": 200 * 1433 * 4},  # rounds of ~200 rows
-               {"macro_batches": 4, "prefetch": False}):
+               {"macro_batches": 4, "prefetch": False},
+               {"macro_batches": 1, "feature_cache_bytes": 300 * 1433 * 4},  # Belady, 3 batches ahead
+               {"macro_batches": 2, "feature_cache_bytes": 300 * 1433 * 4, "feature_cache": "lru"},
+               {"macro_batches": "all", "macro_batch_bytes": 200 * 1433 * 4, "feature_cache_bytes": 10**9}):
         losses, params, data = train(cora, scheme="macrobatch", **kw)
         assert losses == want_losses, kw
         assert all(torch.equal(a, b) for a, b in zip(params, want_params)), kw
         s = data.fetch_stats
-        assert s.mini_batches == 9 and s.rows_fetched <= s.rows_requested and s.bytes_read > 0
+        assert s.mini_batches == 9 and s.rows_fetched <= s.rows_union <= s.rows_requested and s.bytes_read > 0
+        assert s.rows_fetched + s.cache_hits == s.rows_union
+        assert (s.cache_hits > 0) == ("feature_cache_bytes" in kw and kw.get("macro_batches") != "all"
+                                      or kw.get("feature_cache_bytes") == 10**9)
         if "macro_batch_bytes" in kw:
             assert s.rounds > s.macro_batches == 1
 
@@ -77,14 +84,16 @@ def test_a_larger_macro_batch_fetches_fewer_rows(cora):
     assert fetched[1] == data.fetch_stats.rows_requested  # B = 1 fetches every mini-batch alone
 
 
-def test_feature_fetch_reads_whole_chunks_and_returns_the_rows(cora):
+def test_feature_fetch_reads_only_the_rows_blocks(cora):
     from graphstore.loaders.macro import FetchStats
 
     ids = np.array([0, 5, 338, 339, 2000, cora.num_nodes - 1])
     stats = FetchStats()
     rows = FeatureFetch(cora)(ids, stats)
     np.testing.assert_array_equal(rows, np.asarray(cora.features[...])[ids])
-    assert stats.rows_fetched == 6 and stats.chunks_read >= 1 and stats.bytes_read >= rows.nbytes
+    # Cora's 5.7 KB rows are one block each; 338 and 339 are one request.
+    assert stats.rows_fetched == 6 and stats.blocks_read == 6 and stats.requests == 5
+    assert stats.bytes_read == rows.nbytes
 
 
 def test_an_error_while_fetching_reaches_the_caller_and_no_thread_is_left(cora, monkeypatch):
@@ -114,3 +123,73 @@ def test_bad_macro_settings_are_refused(cora):
         loader(cora, scheme="macrobatch", macro_batches="some")
     settings = loader(cora, scheme="macrobatch", macro_batches="all").settings.to_dict()
     assert settings["macro_batches"] == -1 and "macro_batches" not in loader(cora).settings.to_dict()
+
+
+# ---------------------------------------------------------------------- the feature cache
+
+
+def _best_hits(rounds: list[np.ndarray], capacity: int) -> int:
+    """The most cache hits any policy gets on ``rounds`` (every round's rows pass through;
+    after each, any ``capacity`` of the held and used rows may be kept): a search over
+    every choice, for a tiny universe."""
+    from functools import lru_cache
+    from itertools import combinations
+
+    @lru_cache(maxsize=None)
+    def best(t: int, held: frozenset) -> int:
+        if t == len(rounds):
+            return 0
+        used = set(rounds[t].tolist())
+        hits = len(used & held)
+        pool = sorted(used | held)
+        keep = [frozenset(c) for c in combinations(pool, min(capacity, len(pool)))]
+        return hits + max(best(t + 1, k) for k in keep)
+
+    return best(0, frozenset())
+
+
+def _serve_all(rounds, capacity_rows, policy, dim=3):
+    cache = FeatureCache(dim, capacity_rows * 4 * dim, policy)
+    stats = CacheStats()
+    table = np.arange(100 * dim, dtype=np.float32).reshape(100, dim)
+    fetched = []
+    for t, union in enumerate(rounds):
+        rows = cache.serve(union, rounds[t + 1:], lambda ids: (fetched.append(ids.size), table[ids])[1], stats)
+        np.testing.assert_array_equal(rows, table[union])  # hits and misses both give the right rows
+        assert cache.ids.size <= capacity_rows and np.all(np.diff(cache.ids) > 0)
+    assert sum(fetched) == stats.misses
+    return stats
+
+
+def test_belady_is_optimal_when_every_round_ahead_is_known():
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        rounds = [np.unique(rng.integers(0, 7, rng.integers(1, 5))) for _ in range(6)]
+        capacity = int(rng.integers(1, 4))
+        belady = _serve_all(rounds, capacity, "belady")
+        lru = _serve_all(rounds, capacity, "lru")
+        assert belady.hits == _best_hits(rounds, capacity), (trial, rounds, capacity)
+        assert lru.hits <= belady.hits
+        assert belady.hits + belady.misses == sum(r.size for r in rounds)
+
+
+def test_a_cache_of_nothing_hits_nothing_and_bad_settings_are_refused():
+    rounds = [np.array([1, 2]), np.array([1, 2])]
+    assert _serve_all(rounds, 0, "belady").hits == 0
+    assert _serve_all(rounds, 2, "lru").hits == 2
+    with pytest.raises(ConfigError, match="belady, lru"):
+        FeatureCache(4, 100, "fifo")
+
+
+def test_belady_beats_lru_on_cora_with_the_same_samples(cora):
+    stats = {}
+    for policy in ("belady", "lru"):
+        data = loader(cora, scheme="macrobatch", macro_batches=1, feature_cache_bytes=400 * 1433 * 4,
+                      feature_cache=policy, cache_lookahead=8)
+        for epoch in range(2):
+            for _ in data.epoch(epoch):
+                pass
+        stats[policy] = data.fetch_stats
+    assert stats["belady"].rows_union == stats["lru"].rows_union  # the same mini-batches
+    assert stats["belady"].cache_hits > stats["lru"].cache_hits > 0
+    assert stats["belady"].bytes_read < stats["lru"].bytes_read

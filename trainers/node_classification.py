@@ -118,6 +118,16 @@ class NodeClassificationOptions(CommonOptions):
     macro_batch_bytes: int | None = option(
         None, type=byte_size, metavar="BYTES",
         help="macrobatch: most bytes of feature rows held at once (a larger macro-batch is read in rounds)")
+    feature_cache_bytes: int | None = option(
+        None, type=byte_size, metavar="BYTES",
+        help="macrobatch: keep up to BYTES of feature rows between rounds (default: no cache)")
+    feature_cache: str = option(
+        "belady", choices=("belady", "lru"),
+        help="macrobatch: what the feature cache keeps: rows used soonest by the mini-batches sampled ahead "
+             "(belady) or used most recently (lru)")
+    cache_lookahead: int = option(
+        32, type=positive_int, metavar="K",
+        help="macrobatch: mini-batches sampled ahead for the belady cache (their samples are held in memory)")
     policy: str | None = option(None, choices=POLICIES, help="buffer policy (default by scheme): "
                                 + POLICY_REGISTRY.help_text(lambda p: p.task in ("node", "both")))
     reuse: int | None = option(None, type=positive_int, help="passes over each mega-batch (megabatch default 2)")
@@ -165,8 +175,10 @@ class NodeClassificationOptions(CommonOptions):
             raise ConfigError("give --micro-batches or --micro-batch-budget, not both")
         if self.scheme == "microbatch" and not self.micro_batching:
             raise ConfigError("--scheme microbatch needs --micro-batches K or --micro-batch-budget BYTES")
-        if self.scheme != "macrobatch" and (self.macro_batches is not None or self.macro_batch_bytes is not None):
-            raise ConfigError("--macro-batches and --macro-batch-bytes are for --scheme macrobatch")
+        if self.scheme != "macrobatch" and (self.macro_batches is not None or self.macro_batch_bytes is not None
+                                            or self.feature_cache_bytes is not None):
+            raise ConfigError("--macro-batches, --macro-batch-bytes and --feature-cache-bytes are for "
+                              "--scheme macrobatch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,7 +275,9 @@ def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificat
                         micro_strategy=args.micro_strategy,
                         step_estimator=step_estimator(model) if args.micro_batch_budget is not None else None)
     if args.scheme == "macrobatch":
-        micro_kw.update(macro_batches=args.macro_batches, macro_batch_bytes=args.macro_batch_bytes)
+        micro_kw.update(macro_batches=args.macro_batches, macro_batch_bytes=args.macro_batch_bytes,
+                        feature_cache_bytes=args.feature_cache_bytes, feature_cache=args.feature_cache,
+                        cache_lookahead=args.cache_lookahead)
     loaders = {"train": NodeLoader(store, split="train", fanouts=args.fanouts, batch_size=args.batch_size,
                                    reuse=args.reuse, shuffle=True, **dict(common_kw, scheme=args.scheme),
                                    **micro_kw)}

@@ -138,7 +138,8 @@ class SegmentTable:
     """[S] uint32 crc32c of each segment's raw little-endian bytes (0 when empty)."""
     kind: str
     """``"buckets"`` (segment ``b = j * p + i``: edges from partition i into j),
-    ``"partitions"`` (segment k: the rows of partition k), ``"hub_segments"`` (segment g:
+    ``"partitions"`` (segment k: the rows of partition k), ``"blocks"`` (a few KiB of
+    feature rows, `graphstore.layout._segments.block_bounds`), ``"hub_segments"`` (segment g:
     the hub edges of partition g, p: hub-hub) or ``"whole"`` (one segment)."""
     num_partitions: int
     """p, to name a bucket by its two partitions."""
@@ -159,6 +160,8 @@ class SegmentTable:
             return "hub-hub edges" if s == self.num_partitions else f"hub edges of partition {s}"
         if self.kind == "whole":
             return "the whole array"
+        if self.kind == "blocks":
+            return f"block {s}"
         return f"partition {s}"
 
 

@@ -11,10 +11,21 @@ with one checksum per piece it is read in (`graphstore.layout._chunkio.SegmentTa
       edges/src, edges/dst, edges/rel [p*p] uint32  bucket b = j*p + i, in storage order:
                                       rows [bucket_offsets[b], bucket_offsets[b+1])
       nodes/<array>                   [p] uint32    partition k: rows [k*P, min((k+1)*P, N))
-                                      (features, labels, orig_id, store_id, degrees)
+                                      (labels, orig_id, store_id, degrees)
+      nodes/features                  [S] uint32    block s: rows [bounds[s], bounds[s+1]), the
+                                      blocks of about BLOCK_BYTES that tile each partition
+                                      and each chunk (`block_bounds`)
       hubs/edges/src, dst, rel        [p+1] uint32  hub segment g: rows [offsets[g], offsets[g+1])
                                       of the hub group's edge copy (`graphstore.layout._hubs`)
       hubs/ids, features, labels      [1] uint32    the whole array (read whole, at once)
+
+Feature rows get blocks rather than partitions because the macro-batch scheme reads sets of
+rows scattered over the whole graph (`graphstore.layout._rowsets`): with one checksum per
+partition, verifying one row would mean reading its partition. A 4 KiB block is the
+smallest read the disk serves anyway; the table costs 4 bytes per 4 KiB of features.
+A store whose features table is per partition (written before blocks) still reads and
+verifies correctly; its scattered reads fall back to whole chunks until `graphstore
+upgrade` rebuilds the tables.
 
 Each entry is the crc32c of the rows' raw little-endian bytes, exactly the bytes of the
 chunk files, so a reader checks what it read without decoding anything. The tables are
@@ -39,7 +50,7 @@ from graphstore.layout._arrays import new_array
 from graphstore.layout._chunkio import ArrayLayout, ChunkReader, SegmentTable, shared_reader
 from graphstore.layout._durable import fsync_tree
 
-__all__ = ["CHECKSUMS_GROUP", "load_segment_tables", "segment_arrays", "segment_crcs", "write_segment_checksums"]
+__all__ = ["BLOCK_BYTES", "CHECKSUMS_GROUP", "block_bounds", "load_segment_tables", "segment_arrays", "segment_crcs", "write_segment_checksums"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +59,8 @@ CHECKSUMS_GROUP = "checksums"
 ATTRS_KEY = "graphstore_checksums"
 """Key of the group's completion record."""
 _VERSION = 1
+BLOCK_BYTES = 4096
+"""Target bytes of a feature block (one page: the least the disk reads)."""
 _READ_ROWS_BYTES = 64 << 20
 """Bytes read per step while building a table (memory bound of `write_segment_checksums`)."""
 
@@ -68,12 +81,34 @@ def segment_arrays(group: zarr.Group) -> dict[str, str]:
             if not isinstance(member, zarr.Array) or (names is not None and name not in names):
                 continue
             if np.dtype(member.dtype).kind in "biuf":
-                kinds[f"{prefix}/{name}"] = kind
+                kinds[f"{prefix}/{name}"] = "blocks" if f"{prefix}/{name}" == "nodes/features" else kind
     return kinds
 
 
+def block_bounds(*, num_rows: int, row_bytes: int, chunk_rows: int, partition_size: int) -> np.ndarray:
+    """[S+1] int64 boundaries of the feature blocks: every ``max(1, BLOCK_BYTES // row_bytes)``
+    rows from each partition's first row, cut again at every chunk boundary, so a block lies
+    in one partition and one chunk file (a partition read covers whole blocks, a block read
+    is one range of one file).
+
+    >>> block_bounds(num_rows=10, row_bytes=2048, chunk_rows=3, partition_size=5).tolist()
+    [0, 2, 3, 4, 5, 6, 7, 9, 10]
+    """
+    per = max(1, BLOCK_BYTES // max(1, row_bytes))
+    starts = np.arange(0, num_rows, max(1, partition_size), dtype=np.int64)
+    within = np.arange(0, max(1, partition_size), per, dtype=np.int64)
+    grid = (starts[:, None] + within[None, :]).reshape(-1)
+    cuts = np.arange(0, num_rows, max(1, chunk_rows), dtype=np.int64)
+    bounds = np.union1d(np.union1d(grid[grid < num_rows], cuts), [0, num_rows])
+    return bounds.astype(np.int64)
+
+
 def _bounds(kind: str, *, num_rows: int, partition_size: int, num_partitions: int,
-            bucket_offsets: np.ndarray, hub_offsets=None) -> np.ndarray:
+            bucket_offsets: np.ndarray, hub_offsets=None, array: zarr.Array | None = None) -> np.ndarray:
+    if kind == "blocks":
+        layout = ArrayLayout.of(array)
+        return block_bounds(num_rows=num_rows, row_bytes=layout.row_bytes, chunk_rows=layout.chunk_rows,
+                            partition_size=partition_size)
     if kind == "buckets":
         return np.asarray(bucket_offsets, dtype=np.int64)
     if kind == "hub_segments":
@@ -153,7 +188,7 @@ def write_segment_checksums(path: str | Path, *, num_partitions: int, partition_
             array = root[name]
             bounds = _bounds(kind, num_rows=array.shape[0], partition_size=partition_size,
                              num_partitions=num_partitions, bucket_offsets=offsets,
-                             hub_offsets=_hub_offsets(root, reader))
+                             hub_offsets=_hub_offsets(root, reader), array=array)
             crcs = segment_crcs(reader, ArrayLayout.of(array), bounds)
             table = new_array(group, name, shape=crcs.shape, dtype="uint32", chunks=(max(1, len(crcs)),))
             table[...] = crcs
@@ -195,7 +230,8 @@ def load_segment_tables(root: zarr.Group, where: str, *, num_partitions: int, pa
         crcs, _ = reader.read(ArrayLayout.of(array, name=f"{CHECKSUMS_GROUP}/{name}"), 0, array.shape[0])
         try:
             bounds = _bounds(kind, num_rows=root[name].shape[0], partition_size=partition_size,
-                             num_partitions=num_partitions, bucket_offsets=bucket_offsets, hub_offsets=hub_offsets)
+                             num_partitions=num_partitions, bucket_offsets=bucket_offsets, hub_offsets=hub_offsets,
+                             array=root[name])
         except KeyError:
             raise CorruptStoreError(f"{where}: {name}, which {CHECKSUMS_GROUP}/ covers, is missing") from None
         if len(crcs) != len(bounds) - 1:

@@ -38,6 +38,7 @@ from graphstore.errors import (
 from graphstore.layout._chunkio import ArrayLayout, ReadStats, shared_reader
 from graphstore.layout._hubs import HubIndex, read_hub_index
 from graphstore.layout._lock import StoreLock
+from graphstore.layout._rowsets import RowSetStats, read_row_set
 from graphstore.layout._segments import load_segment_tables
 from graphstore.layout.base import FORMAT_VERSION, MANIFEST_KEY, Manifest
 from graphstore.layout.sources.base import EdgeSplit
@@ -323,6 +324,22 @@ class Store:
     def read_rows(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``[start, stop)`` of array ``name`` (one `read_many` request)."""
         return self.read_many([(name, start, stop, out)])[0]
+
+    def read_row_set(self, name: str, ids: np.ndarray, out: np.ndarray | None = None, *,
+                     stats: RowSetStats | None = None) -> np.ndarray:
+        """Rows ``ids`` (ascending, distinct) of array ``name``, scattered anywhere in it.
+
+        Reads the ~4 KiB blocks holding them, neighbouring blocks in one request, each
+        block verified by its checksum (`graphstore.layout._rowsets`); a store without
+        block checksums reads the rows' whole chunks instead (and warns once).
+        """
+        layout = self._layout(name)
+        if out is None:
+            out = np.empty((len(ids), *layout.shape[1:]), layout.dtype)
+        done = read_row_set(layout, ids, out)
+        if stats is not None:
+            stats.add(done)
+        return out
 
     @property
     def features(self) -> zarr.Array | None:

@@ -9,24 +9,25 @@ rows. A background thread samples and reads macro-batch ``k + 1`` while ``k`` tr
 mini-batches are exactly the ones the ``minibatch`` scheme draws (same sampler, same
 streams, the whole graph), so training is unchanged; only the reads differ.
 
-Reads. The store verifies every byte it returns. Feature chunks carry one checksum each, so
-a read of part of a chunk is verified by reading the whole chunk. `FeatureFetch` therefore
-reads each chunk that holds a needed row once per round, whole, and runs of consecutive
-chunks in one request, then picks the rows. Its counters separate the rows asked for (the
-union) from the bytes read. Where this departs from BatchGNN, and why: BatchGNN fetches rows
-over the network from their owners, row by row. Here the rows come from a local SSD, where
-a request costs the same for a 4 KiB page or a 4 MiB chunk range, and where checksums are
-per chunk.
+Reads. The store verifies every byte it returns. `FeatureFetch` reads a round's union with
+`Store.read_row_set`: the ~4 KiB feature blocks holding the rows (each with its own
+checksum), neighbouring blocks in one request. Its counters separate the rows asked for
+(the union) from the blocks and bytes read. Where this departs from BatchGNN, and why:
+BatchGNN fetches rows over the network from their owners, row by row; here they come from
+a local SSD, whose least read is a 4 KiB page.
 
 ``macro_batch_bytes`` bounds the rows held: a macro-batch whose union is larger is read in
 ``F`` rounds, each of consecutive mini-batches whose union fits (at least one mini-batch
-per round).
+per round). A `FeatureCache` (optional, ``feature_cache_bytes``) keeps rows between rounds,
+by Belady's policy over the rounds sampled ahead, or by LRU.
 """
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -34,15 +35,15 @@ import numpy as np
 import torch
 
 from graphstore.errors import ConfigError
+from graphstore.layout._rowsets import RowSetStats
 from graphstore.layout.store import Store
 from graphstore.loaders.batches import NodeBatch
+from graphstore.loaders.feature_cache import CacheStats, FeatureCache
 
-__all__ = ["FeatureFetch", "FetchStats", "MacroBatchGather"]
+__all__ = ["DEFAULT_CACHE_LOOKAHEAD", "FeatureFetch", "FetchStats", "MacroBatchGather"]
 
-READ_PIECE_BYTES = 64 << 20
-"""Most bytes one request of a run of chunks reads before its rows are picked (so a round's
-reads stay bounded whatever the union)."""
-
+DEFAULT_CACHE_LOOKAHEAD = 32
+"""Mini-batches a Belady feature cache sees ahead (their samples are held in memory)."""
 
 @dataclass
 class FetchStats:
@@ -54,9 +55,16 @@ class FetchStats:
     rows_requested: int = 0
     """Input rows of the mini-batches, each counted in its own mini-batch (what fetching every
     mini-batch alone would fetch)."""
+    rows_union: int = 0
+    """Rows of the rounds' unions: what macro-batching needed."""
     rows_fetched: int = 0
-    """Rows of the rounds' unions: what macro-batching fetched."""
-    chunks_read: int = 0
+    """Rows read from the store (the unions' rows less the feature cache's hits)."""
+    cache_hits: int = 0
+    """Rows of the unions served by the feature cache."""
+    cache_rows: int = 0
+    """Rows the feature cache held after the last round."""
+    blocks_read: int = 0
+    """Feature blocks read and verified (whole chunks, for a store without block checksums)."""
     requests: int = 0
     bytes_read: int = 0
     read_seconds: float = 0.0
@@ -66,40 +74,23 @@ class FetchStats:
 
 
 class FeatureFetch:
-    """Rows of ``nodes/features`` for ascending store ids, read whole chunk by whole chunk
-    (verified by the chunks' checksums), one request per run of consecutive chunks."""
+    """Rows of ``nodes/features`` for ascending store ids, through the store's verified
+    scattered reads (`Store.read_row_set`: the ~4 KiB blocks holding them)."""
 
     def __init__(self, store: Store) -> None:
         if not store.manifest.has_features:
             raise ConfigError(f"{store.path}: macro-batching reads feature rows; the store has none")
         self.store = store
-        self.chunk_rows = int(store.array("nodes/features").chunks[0])
         self.dim = store.feature_dim
 
     def __call__(self, ids: np.ndarray, stats: FetchStats) -> np.ndarray:
         """float32 [len(ids), D]: the rows of ``ids`` (ascending, distinct)."""
-        import time
-
-        out = np.empty((ids.size, self.dim), dtype=np.float32)
-        if ids.size == 0:
-            return out
-        n, R = self.store.num_nodes, self.chunk_rows
-        chunks = np.unique(ids // R)
-        # Runs of consecutive chunks, cut so one request reads at most READ_PIECE_BYTES.
-        per_piece = max(1, READ_PIECE_BYTES // (R * self.dim * 4))
-        breaks = np.flatnonzero(np.diff(chunks) != 1) + 1
-        t0 = time.perf_counter()
-        for run in np.split(chunks, breaks):
-            for lo in range(0, run.size, per_piece):
-                first, last = int(run[lo]), int(run[min(lo + per_piece, run.size) - 1])
-                start, stop = first * R, min((last + 1) * R, n)
-                block = self.store.read_rows("nodes/features", start, stop)
-                i, j = np.searchsorted(ids, [start, stop])
-                out[i:j] = block[ids[i:j] - start]
-                stats.requests += 1
-                stats.chunks_read += last - first + 1
-                stats.bytes_read += block.nbytes
-        stats.read_seconds += time.perf_counter() - t0
+        read = RowSetStats()
+        out = self.store.read_row_set("nodes/features", ids, stats=read)
+        stats.blocks_read += read.blocks
+        stats.requests += read.requests
+        stats.bytes_read += read.bytes_read
+        stats.read_seconds += read.seconds
         stats.rows_fetched += int(ids.size)
         return out
 
@@ -117,6 +108,16 @@ class _Round:
 _END = object()
 
 
+@dataclass
+class _Macro:
+    """One macro-batch, sampled: its mini-batches, their input ids, and its rounds."""
+
+    sampled: list
+    ids: list[np.ndarray]
+    rounds: list[tuple[int, int, np.ndarray]]
+    """``(start, stop, union)``: mini-batches ``[start, stop)`` and their sorted input ids."""
+
+
 class MacroBatchGather:
     """The stage: sampled mini-batches in, `NodeBatch` out, rows fetched per macro-batch.
 
@@ -130,17 +131,33 @@ class MacroBatchGather:
         Most bytes of rows a round holds; default no bound (one round per macro-batch).
     prefetch : bool
         Sample and read the next macro-batch in a background thread.
+    cache : FeatureCache, optional
+        Rows kept between rounds (`graphstore.loaders.feature_cache`); it lasts across epochs.
+    cache_lookahead : int
+        Mini-batches sampled ahead so a Belady cache knows their rows (whole macro-batches:
+        ``ceil(cache_lookahead / B)`` of them are held, sampled, beyond the current one).
     """
 
     def __init__(self, store: Store, *, macro_batches: int, macro_batch_bytes: int | None = None,
-                 prefetch: bool = True) -> None:
+                 prefetch: bool = True, cache: FeatureCache | None = None,
+                 cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD) -> None:
         if macro_batches == 0 or macro_batches < -1:
             raise ConfigError(f"macro_batches must be >= 1, or -1 for all (got {macro_batches})")
         if macro_batch_bytes is not None and macro_batch_bytes < 1:
             raise ConfigError(f"macro_batch_bytes must be >= 1 (got {macro_batch_bytes})")
+        if cache_lookahead < 0:
+            raise ConfigError(f"cache_lookahead must be >= 0 (got {cache_lookahead})")
         self.fetch = FeatureFetch(store)
         self.macro_batches, self.macro_batch_bytes, self.prefetch = macro_batches, macro_batch_bytes, prefetch
+        self.cache, self.cache_lookahead = cache, cache_lookahead
         self.stats = FetchStats()
+
+    @property
+    def macro_batches_ahead(self) -> int:
+        """Macro-batches sampled beyond the current one (only a Belady cache uses them)."""
+        if self.cache is None or self.cache.policy != "belady" or self.macro_batches == -1:
+            return 0
+        return -(-self.cache_lookahead // self.macro_batches)
 
     def __call__(self, batches: Iterator, ctx) -> Iterator[NodeBatch]:
         stats = FetchStats()
@@ -190,42 +207,72 @@ class MacroBatchGather:
             thread.join()
 
     def _rounds(self, batches: Iterator, stats: FetchStats, stopped) -> Iterator[_Round]:
-        B = self.macro_batches
-        pending = []
-        for sampled in batches:
-            pending.append(sampled)
-            if B != -1 and len(pending) == B:
-                yield from self._macro(pending, stats)
-                pending = []
-            if stopped():
+        """Each round of each macro-batch, its rows read, in order. Holds the current
+        macro-batch and ``macro_batches_ahead`` sampled ones after it."""
+        source = iter(batches)
+        window: deque[_Macro] = deque()
+        exhausted = False
+        while True:
+            while not exhausted and len(window) < 1 + self.macro_batches_ahead:
+                macro = self._next_macro(source)
+                if macro is None:
+                    exhausted = True
+                else:
+                    window.append(macro)
+            if not window:
                 return
-        if pending:
-            yield from self._macro(pending, stats)
+            macro = window.popleft()
+            stats.macro_batches += 1
+            for r, (start, stop, union) in enumerate(macro.rounds):
+                if self.cache is None:
+                    rows = self.fetch(union, stats)
+                else:
+                    future = [u for *_, u in macro.rounds[r + 1:]] + [u for m in window for *_, u in m.rounds]
+                    served = CacheStats()
+                    rows = self.cache.serve(union, future, lambda ids: self.fetch(ids, stats), served)
+                    stats.cache_hits += served.hits
+                    stats.cache_rows = served.rows_kept
+                stats.rows_union += int(union.size)
+                stats.rounds += 1
+                yield self._gather(macro, start, stop, union, torch.from_numpy(rows), stats)
+                if stopped():
+                    return
 
-    def _macro(self, sampled: list, stats: FetchStats) -> Iterator[_Round]:
-        stats.macro_batches += 1
+    def _next_macro(self, source: Iterator) -> _Macro | None:
+        """The next ``B`` sampled mini-batches (all that are left for ``B = -1``), or None."""
+        sampled = list(itertools.islice(source, None if self.macro_batches == -1 else self.macro_batches))
+        if not sampled:
+            return None
         ids = [s.graph.node_ids[s.dense.node_ids].numpy() for s in sampled]
+        return _Macro(sampled, ids, self._split(ids))
+
+    def _split(self, ids: list[np.ndarray]) -> list[tuple[int, int, np.ndarray]]:
+        """Rounds: from each start, the longest run of mini-batches whose union fits
+        ``macro_batch_bytes`` (at least one)."""
+        if self.macro_batch_bytes is None:
+            return [(0, len(ids), np.unique(np.concatenate(ids)))]
         row_bytes = 4 * self.fetch.dim
-        start = 0
-        while start < len(sampled):
-            # The longest run of mini-batches from ``start`` whose union fits (at least one).
+        rounds, start = [], 0
+        while start < len(ids):
             stop, union = start + 1, np.unique(ids[start])
-            while stop < len(sampled) and self.macro_batch_bytes is not None:
+            while stop < len(ids):
                 grown = np.union1d(union, ids[stop])
                 if grown.size * row_bytes > self.macro_batch_bytes:
                     break
                 union, stop = grown, stop + 1
-            if self.macro_batch_bytes is None and stop < len(sampled):
-                union, stop = np.unique(np.concatenate(ids[start:])), len(sampled)
-            rows = torch.from_numpy(self.fetch(union, stats))
-            stats.rounds += 1
-            out = _Round()
-            for s, mine in zip(sampled[start:stop], ids[start:stop]):
-                g = s.graph
-                features = rows.index_select(0, torch.from_numpy(np.searchsorted(union, mine)))
-                labels = g.labels.index_select(0, s.dense.targets).long()
-                out.batches.append(NodeBatch(s.dense, features, labels, g))
-                stats.mini_batches += 1
-                stats.rows_requested += int(mine.size)
-            yield out
+            rounds.append((start, stop, union))
             start = stop
+        return rounds
+
+    @staticmethod
+    def _gather(macro: _Macro, start: int, stop: int, union: np.ndarray, rows: torch.Tensor,
+                stats: FetchStats) -> _Round:
+        out = _Round()
+        for s, mine in zip(macro.sampled[start:stop], macro.ids[start:stop]):
+            g = s.graph
+            features = rows.index_select(0, torch.from_numpy(np.searchsorted(union, mine)))
+            labels = g.labels.index_select(0, s.dense.targets).long()
+            out.batches.append(NodeBatch(s.dense, features, labels, g))
+            stats.mini_batches += 1
+            stats.rows_requested += int(mine.size)
+        return out

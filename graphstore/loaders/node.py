@@ -12,7 +12,8 @@ from graphstore.buffer.policies import EpochPlan
 from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
 from graphstore.loaders.base import BufferedLoader
-from graphstore.loaders.macro import MacroBatchGather
+from graphstore.loaders.feature_cache import FeatureCache
+from graphstore.loaders.macro import DEFAULT_CACHE_LOOKAHEAD, MacroBatchGather
 from graphstore.loaders.schemes import SCHEMES
 from graphstore.loaders.settings import NodeLoaderSettings
 from graphstore.loaders.stages import (
@@ -77,6 +78,11 @@ class NodeLoader(BufferedLoader):
         (`graphstore.loaders.macro`).
     macro_batch_bytes : int, optional
         Most bytes of feature rows held at once; a larger macro-batch is read in rounds.
+    feature_cache_bytes : int, optional
+        The ``macrobatch`` scheme's feature cache between rounds (default none): at most
+        this many bytes of rows, kept by ``feature_cache`` (``"belady"``, the default,
+        over the next ``cache_lookahead`` mini-batches, which are sampled ahead; or
+        ``"lru"``); it lasts across epochs (`graphstore.loaders.feature_cache`).
     micro_batches, micro_batch_budget : int, optional
         Split every batch into K micro-batches, or into the fewest whose training step
         fits the budget in bytes by ``step_estimator`` (Betty); required by the
@@ -106,7 +112,9 @@ class NodeLoader(BufferedLoader):
                  nodes=None, micro_batches: int | None = None, micro_batch_budget: int | None = None,
                  micro_strategy: str = "reg",
                  step_estimator: Callable[[DenseSizes], int] | None = None,
-                 macro_batches: int | str | None = None, macro_batch_bytes: int | None = None) -> None:
+                 macro_batches: int | str | None = None, macro_batch_bytes: int | None = None,
+                 feature_cache_bytes: int | None = None, feature_cache: str = "belady",
+                 cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD) -> None:
         if not store.manifest.has_labels:
             raise ConfigError(f"{store.path}: node classification needs labels; the store has none")
         if int(batch_size) < 1:
@@ -132,7 +140,8 @@ class NodeLoader(BufferedLoader):
                          seed=seed, prefetch=prefetch, cache_fraction=static_cache,
                          train_partitions=self.train_partitions)
         self.micro = self._micro_stage(micro_batches, micro_batch_budget, micro_strategy, step_estimator)
-        self.macro = self._macro_stage(macro_batches, macro_batch_bytes)
+        self.macro = self._macro_stage(macro_batches, macro_batch_bytes, feature_cache_bytes, feature_cache,
+                                       cache_lookahead)
         self.settings = NodeLoaderSettings(
             **self._common_settings(), split=self.split, fanouts=self.fanouts, batch_size=self.batch_size,
             reuse=self.reuse, shuffle=shuffle, num_targets=int(self.targets.size),
@@ -140,13 +149,17 @@ class NodeLoader(BufferedLoader):
             micro_batch_budget=micro_batch_budget if self.micro else None,
             micro_strategy=micro_strategy if self.micro else None,
             macro_batches=self.macro.macro_batches if self.macro else None,
-            macro_batch_bytes=macro_batch_bytes if self.macro else None)
+            macro_batch_bytes=macro_batch_bytes if self.macro else None,
+            feature_cache_bytes=feature_cache_bytes if self.macro else None,
+            feature_cache=feature_cache if self.macro and feature_cache_bytes is not None else None,
+            cache_lookahead=cache_lookahead if self.macro and feature_cache_bytes is not None else None)
 
-    def _macro_stage(self, macro_batches: int | str | None, budget: int | None) -> MacroBatchGather | None:
+    def _macro_stage(self, macro_batches: int | str | None, budget: int | None, cache_bytes: int | None,
+                     cache_policy: str, lookahead: int) -> MacroBatchGather | None:
         if self.scheme_spec.resident_features:
-            if macro_batches is not None or budget is not None:
-                raise ConfigError(f"macro_batches and macro_batch_bytes are for the macrobatch scheme "
-                                  f"(scheme {self.scheme!r} holds the feature rows it trains on)")
+            if macro_batches is not None or budget is not None or cache_bytes is not None:
+                raise ConfigError(f"macro_batches, macro_batch_bytes and feature_cache_bytes are for the "
+                                  f"macrobatch scheme (scheme {self.scheme!r} holds the feature rows it trains on)")
             return None
         if macro_batches is None:
             macro_batches = DEFAULT_MACRO_BATCHES
@@ -154,8 +167,9 @@ class NodeLoader(BufferedLoader):
             macro_batches = -1
         elif not isinstance(macro_batches, int) or isinstance(macro_batches, bool):
             raise ConfigError(f"macro_batches must be a positive integer or 'all' (got {macro_batches!r})")
+        cache = None if cache_bytes is None else FeatureCache(self.store.feature_dim, cache_bytes, cache_policy)
         return MacroBatchGather(self.store, macro_batches=macro_batches, macro_batch_bytes=budget,
-                                prefetch=self.prefetch)
+                                prefetch=self.prefetch, cache=cache, cache_lookahead=lookahead)
 
     @property
     def fetch_stats(self):

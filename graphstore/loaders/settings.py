@@ -145,13 +145,21 @@ class NodeLoaderSettings(LoaderSettings):
     """Mini-batches per macro-batch (BatchGNN; -1: every batch of the epoch), or None."""
     macro_batch_bytes: int | None = None
     """Most bytes of feature rows a macro-batch round holds, or None (no bound)."""
+    feature_cache_bytes: int | None = None
+    """Bytes of the macro-batch scheme's feature cache, or None (no cache)."""
+    feature_cache: str | None = None
+    """Its policy (``belady`` or ``lru``), with a cache."""
+    cache_lookahead: int | None = None
+    """Mini-batches a Belady cache sees ahead, with a cache."""
 
     _KINDS: ClassVar[dict[str, str]] = {
         "split": _STR, "fanouts": _INTS, "batch_size": _INT, "reuse": _INT, "shuffle": _BOOL,
         "num_targets": _INT, "micro_batches": _INT, "micro_batch_budget": _INT, "micro_strategy": _STR,
-        "macro_batches": _INT, "macro_batch_bytes": _INT}
+        "macro_batches": _INT, "macro_batch_bytes": _INT, "feature_cache_bytes": _INT, "feature_cache": _STR,
+        "cache_lookahead": _INT}
     _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"micro_batches", "micro_batch_budget", "micro_strategy",
-                                                         "macro_batches", "macro_batch_bytes"})
+                                                         "macro_batches", "macro_batch_bytes", "feature_cache_bytes",
+                                                         "feature_cache", "cache_lookahead"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,8 @@ LP = lp.LinkPredictionOptions
 NC_CONFIG_KEYS = {
     "batch_size", "buffer_bytes", "buffer_partitions", "checkpoint_dir", "config", "device", "dropout", "epochs",
     "eval_batch_size", "eval_fanouts", "eval_fanouts_rule", "eval_scheme", "fanouts", "heads", "hidden",
-    "loader_scheme", "loaders", "lr", "lr_schedule", "macro_batch_bytes", "macro_batches", "metrics_out", "micro_batch_budget", "micro_batches",
+    "loader_scheme", "loaders", "lr", "lr_schedule", "macro_batch_bytes", "macro_batches", "metrics_out",
+    "feature_cache_bytes", "feature_cache", "cache_lookahead", "micro_batch_budget", "micro_batches",
     "micro_batching", "micro_strategy", "model", "normalize_features", "num_layers", "policy", "prefetch", "resume",
     "reuse", "scheme", "seed", "static_cache", "store", "weight_decay"}
 LP_CONFIG_KEYS = {

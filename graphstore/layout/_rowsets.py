@@ -1,0 +1,265 @@
+"""Reading a set of rows scattered over an array, a few KiB per row, verified.
+
+`ChunkReader` reads row *ranges*: a partition, an edge bucket. The macro-batch scheme asks
+for *sets*: the sorted union of some mini-batches' input nodes, spread over the whole graph.
+Reading the whole chunk of every row asked for would read the graph's features over and
+over; reading row by row would send one request per row. `read_row_set` reads the feature
+*blocks* that hold the rows (a block is about 4 KiB: `graphstore.layout._segments`), with
+runs of neighbouring blocks in one request, checks every block it read against its crc32c,
+and copies the rows out.
+
+How::
+
+    ids (sorted, distinct)  -> the blocks holding them (one searchsorted over the bounds)
+    blocks                  -> runs: consecutive blocks, and blocks at most MERGE_GAP_BYTES
+                               apart, of the same chunk file (the gap is read too: one
+                               request is cheaper than two on an SSD)
+    runs                    -> groups of at most PIECE_BYTES, one per worker task: each
+                               reads its runs into a scratch buffer (buffered ``preadv``,
+                               readahead off), checks each block, copies its rows to ``out``
+
+Everything per row or per block is numpy; the per-run loop only issues the reads and the
+checksum calls. Buffered reads, not ``O_DIRECT``: a block starts at a multiple of the row
+size, not of 4096 bytes. The pages read are dropped when the call ends (a cgroup memory cap
+counts the page cache, and the next macro-batch should not find the rows there).
+
+A store whose features table is per partition (older stores) has no blocks: its rows are
+read as whole chunks through `ChunkReader`, verified by the chunks' checksums, and the
+reader warns once that `graphstore upgrade` makes the reads finer.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import crc32c
+import numpy as np
+
+from graphstore.errors import CorruptStoreError
+from graphstore.layout._chunkio import ArrayLayout, shared_reader
+
+__all__ = ["MERGE_GAP_BYTES", "PIECE_BYTES", "RowSetStats", "read_row_set"]
+
+MERGE_GAP_BYTES = 8192
+"""Two runs of blocks closer than this (in one file) are read as one request."""
+PIECE_BYTES = 16 << 20
+"""Most bytes one worker task reads into its scratch buffer before copying rows out."""
+WHOLE_CHUNK_RUN_BYTES = 64 << 20
+"""Most bytes one request of the whole-chunk fallback reads."""
+THREADS = 4
+"""Reads in flight (each worker's ``preadv`` releases the GIL)."""
+
+
+@dataclass
+class RowSetStats:
+    """What one or more `read_row_set` calls read."""
+
+    rows: int = 0
+    """Rows asked for."""
+    blocks: int = 0
+    """Blocks (or whole chunks, without blocks) read and verified."""
+    requests: int = 0
+    """Read requests issued (runs of blocks)."""
+    bytes_read: int = 0
+    """Bytes read from the files."""
+    seconds: float = 0.0
+
+    def add(self, other: RowSetStats) -> None:
+        for name in vars(self):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def _workers() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="graphstore-rowset")
+        return _pool
+
+
+def read_row_set(layout: ArrayLayout, ids: np.ndarray, out: np.ndarray) -> RowSetStats:
+    """Fill ``out[i]`` with row ``ids[i]`` of ``layout``'s array; ``ids`` ascending, distinct.
+
+    Raises
+    ------
+    CorruptStoreError
+        A chunk file is missing or short, or a block (a chunk, without blocks) fails its
+        checksum; the message names the array, the block, its rows and the file.
+    """
+    t0 = time.perf_counter()
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.ndim != 1 or out.shape[0] != ids.size or out.dtype != layout.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"{layout.name}: out must be C-contiguous {layout.dtype} with one row per id")
+    if ids.size and (ids[0] < 0 or ids[-1] >= layout.shape[0] or np.any(np.diff(ids) <= 0)):
+        raise ValueError(f"{layout.name}: ids must be ascending, distinct and in [0, {layout.shape[0]})")
+    table = layout.segments
+    if ids.size == 0:
+        stats = RowSetStats()
+    elif layout.fast and layout.checksum and table is not None and table.kind == "blocks":
+        stats = _read_blocks(layout, ids, out)
+    else:
+        if layout.name not in _warned:
+            _warned.add(layout.name)
+            warnings.warn(f"{layout.where}: {layout.name} has no block checksums; scattered rows are read "
+                          "as whole chunks (run `graphstore upgrade` to read only their blocks)", stacklevel=3)
+        stats = _read_whole_chunks(layout, ids, out)
+    stats.rows = int(ids.size)
+    stats.seconds = time.perf_counter() - t0
+    return stats
+
+
+# ---------------------------------------------------------------------- blocks
+
+
+@dataclass(frozen=True, slots=True)
+class _Runs:
+    """Runs of blocks to read: run k is blocks ``[first[k], last[k]]`` of one chunk."""
+
+    first: np.ndarray
+    last: np.ndarray
+    row_lo: np.ndarray
+    """First row of each run."""
+    row_hi: np.ndarray
+    """One past its last row."""
+
+
+def _plan_runs(layout: ArrayLayout, ids: np.ndarray) -> _Runs:
+    bounds, R, rb = layout.segments.bounds, layout.chunk_rows, layout.row_bytes
+    of_id = np.searchsorted(bounds, ids, side="right") - 1
+    keep = np.ones(of_id.size, dtype=bool)
+    keep[1:] = of_id[1:] != of_id[:-1]
+    blocks = of_id[keep]
+    lo, hi = bounds[blocks], bounds[blocks + 1]
+    # A new run where the gap from the previous block is too wide or the chunk changes.
+    new = np.ones(blocks.size, dtype=bool)
+    new[1:] = ((lo[1:] - hi[:-1]) * rb > MERGE_GAP_BYTES) | (lo[1:] // R != (hi[:-1] - 1) // R)
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], blocks.size) - 1
+    return _Runs(blocks[starts], blocks[ends], lo[starts], hi[ends])
+
+
+def _read_blocks(layout: ArrayLayout, ids: np.ndarray, out: np.ndarray) -> RowSetStats:
+    runs = _plan_runs(layout, ids)
+    rb = layout.row_bytes
+    # Groups of consecutive runs of at most PIECE_BYTES (a run alone may be larger).
+    run_bytes = (runs.row_hi - runs.row_lo) * rb
+    group_of = (np.cumsum(run_bytes) - run_bytes) // PIECE_BYTES
+    cuts = np.flatnonzero(np.diff(group_of)) + 1
+    groups = np.split(np.arange(runs.first.size), cuts)
+    files = _Files(layout)
+    try:
+        futures = [_workers().submit(_read_group, layout, runs, g, ids, out, files) for g in groups]
+        first_error = None
+        for f in futures:  # wait for every task: none may write into ``out`` after we return
+            try:
+                f.result()
+            except BaseException as e:  # noqa: BLE001 (the first one is re-raised below)
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+    finally:
+        files.close()
+    return RowSetStats(blocks=int((runs.last - runs.first + 1).sum()), requests=int(runs.first.size),
+                       bytes_read=int(run_bytes.sum()))
+
+
+def _read_group(layout: ArrayLayout, runs: _Runs, group: np.ndarray, ids: np.ndarray, out: np.ndarray,
+                files: _Files) -> None:
+    rb, R, table = layout.row_bytes, layout.chunk_rows, layout.segments
+    lo, hi = runs.row_lo[group], runs.row_hi[group]
+    offsets = np.cumsum(hi - lo) - (hi - lo)  # each run's first row in the scratch buffer
+    scratch = np.empty((int((hi - lo).sum()), *layout.shape[1:]), dtype=layout.dtype)
+    data = memoryview(scratch.reshape(-1)).cast("B")
+    for k, run in enumerate(group):
+        r0, r1 = int(lo[k]), int(hi[k])
+        chunk = r0 // R
+        view = data[int(offsets[k]) * rb : (int(offsets[k]) + r1 - r0) * rb]
+        _pread_exactly(files.fd(chunk), view, (r0 - chunk * R) * rb, layout, chunk)
+        for s in range(int(runs.first[run]), int(runs.last[run]) + 1):
+            a, b = int(table.bounds[s]), int(table.bounds[s + 1])
+            crc = crc32c.crc32c(view[(a - r0) * rb : (b - r0) * rb])
+            if crc != int(table.crcs[s]):
+                raise CorruptStoreError(
+                    f"{layout.where}: {layout.name} {table.describe(s)} (rows [{a}, {b}), "
+                    f"{layout.chunk_path(chunk)}): checksum mismatch "
+                    f"(stored {int(table.crcs[s]):#010x}, computed {crc:#010x})")
+    # The rows asked for that these runs hold: where each sits in the scratch buffer.
+    i0, i1 = np.searchsorted(ids, [lo[0], hi[-1]])
+    mine = ids[i0:i1]
+    run = np.searchsorted(lo, mine, side="right") - 1
+    out[i0:i1] = scratch[offsets[run] + mine - lo[run]]
+
+
+def _pread_exactly(fd: int, view: memoryview, offset: int, layout: ArrayLayout, chunk: int) -> None:
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise CorruptStoreError(f"{layout.where}: {layout.name} chunk file {layout.chunk_path(chunk)} is "
+                                    f"short (wanted bytes [{offset}, {offset + len(view)}))")
+        done += got
+
+
+class _Files:
+    """The chunk files one call reads, opened once each (readahead off), their pages
+    dropped and descriptors closed at the end."""
+
+    def __init__(self, layout: ArrayLayout) -> None:
+        self.layout = layout
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def fd(self, chunk: int) -> int:
+        with self._lock:
+            fd = self._fds.get(chunk)
+            if fd is None:
+                path = self.layout.chunk_path(chunk)
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:
+                    raise CorruptStoreError(f"{self.layout.where}: {self.layout.name} chunk file {path} "
+                                            "is missing") from None
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                self._fds[chunk] = fd
+            return fd
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.close(fd)
+            self._fds.clear()
+
+
+# ---------------------------------------------------------------------- whole chunks
+
+
+def _read_whole_chunks(layout: ArrayLayout, ids: np.ndarray, out: np.ndarray) -> RowSetStats:
+    """Every chunk holding a row, read whole (its crc32c checked), runs of consecutive chunks
+    in requests of at most WHOLE_CHUNK_RUN_BYTES."""
+    n, R = layout.shape[0], layout.chunk_rows
+    chunks = np.unique(ids // R)
+    per_request = max(1, WHOLE_CHUNK_RUN_BYTES // max(1, R * layout.row_bytes))
+    stats = RowSetStats(blocks=int(chunks.size))
+    for run in np.split(chunks, np.flatnonzero(np.diff(chunks) != 1) + 1):
+        for k in range(0, run.size, per_request):
+            first, last = int(run[k]), int(run[min(k + per_request, run.size) - 1])
+            start, stop = first * R, min((last + 1) * R, n)
+            block, _ = shared_reader().read(layout, start, stop)
+            i, j = np.searchsorted(ids, [start, stop])
+            out[i:j] = block[ids[i:j] - start]
+            stats.requests += 1
+            stats.bytes_read += block.nbytes
+    return stats
