@@ -35,6 +35,8 @@ setup(
                   optional=True),
         Extension("graphstore.buffer._native._csc", sources=["graphstore/buffer/_native/csc.c"],
                   optional=True),
+        Extension("graphstore.layout._native._rowsets", sources=["graphstore/layout/_native/rowsets.c"],
+                  optional=True),
     ],
     cmdclass={"build_ext": BuildCtypesLibrary},
 )

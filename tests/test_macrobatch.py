@@ -57,7 +57,8 @@ def test_macro_batches_train_as_the_minibatch_scheme(cora):
                {"macro_batches": 4, "prefetch": False},
                {"macro_batches": 1, "feature_cache_bytes": 300 * 1433 * 4},  # Belady, 3 batches ahead
                {"macro_batches": 2, "feature_cache_bytes": 300 * 1433 * 4, "feature_cache": "lru"},
-               {"macro_batches": "all", "macro_batch_bytes": 200 * 1433 * 4, "feature_cache_bytes": 10**9}):
+               {"macro_batches": "all", "macro_batch_bytes": 200 * 1433 * 4, "feature_cache_bytes": 10**9},
+               {"macro_batches": "all", "macro_batch_bytes": 20_000}):  # samples cut it: several macro-batches
         losses, params, data = train(cora, scheme="macrobatch", **kw)
         assert losses == want_losses, kw
         assert all(torch.equal(a, b) for a, b in zip(params, want_params)), kw
@@ -66,7 +67,9 @@ def test_macro_batches_train_as_the_minibatch_scheme(cora):
         assert s.rows_fetched + s.cache_hits == s.rows_union
         assert (s.cache_hits > 0) == ("feature_cache_bytes" in kw and kw.get("macro_batches") != "all"
                                       or kw.get("feature_cache_bytes") == 10**9)
-        if "macro_batch_bytes" in kw:
+        if kw.get("macro_batch_bytes") == 20_000:
+            assert 1 < s.macro_batches < 9  # B = all held what fit, not the epoch
+        elif "macro_batch_bytes" in kw:
             assert s.rounds > s.macro_batches == 1
 
 
@@ -79,7 +82,7 @@ def test_a_larger_macro_batch_fetches_fewer_rows(cora):
         s = data.fetch_stats
         fetched[b] = s.rows_fetched
         assert s.macro_batches == {1: 9, 3: 3, "all": 1}[b]
-        assert data.memory.features is None  # the buffer holds structure and labels only
+        assert data.memory is None and data.walk.graph.features is None  # structure and labels only
     assert fetched[1] > fetched[3] > fetched["all"]
     assert fetched[1] == data.fetch_stats.rows_requested  # B = 1 fetches every mini-batch alone
 
@@ -91,7 +94,8 @@ def test_feature_fetch_reads_only_the_rows_blocks(cora):
     stats = FetchStats()
     rows = FeatureFetch(cora)(ids, stats)
     np.testing.assert_array_equal(rows, np.asarray(cora.features[...])[ids])
-    # Cora's 5.7 KB rows are one block each; 338 and 339 are one request.
+    # Cora's 5.7 KB rows are one block each; 338 and 339 are one request; 0 and 5 are two
+    # (the 4 rows between them, 23 KB, are more than MERGE_GAP_BYTES).
     assert stats.rows_fetched == 6 and stats.blocks_read == 6 and stats.requests == 5
     assert stats.bytes_read == rows.nbytes
 
@@ -132,10 +136,10 @@ def _best_hits(rounds: list[np.ndarray], capacity: int) -> int:
     """The most cache hits any policy gets on ``rounds`` (every round's rows pass through;
     after each, any ``capacity`` of the held and used rows may be kept): a search over
     every choice, for a tiny universe."""
-    from functools import lru_cache
+    from functools import cache
     from itertools import combinations
 
-    @lru_cache(maxsize=None)
+    @cache
     def best(t: int, held: frozenset) -> int:
         if t == len(rounds):
             return 0

@@ -117,7 +117,8 @@ class NodeClassificationOptions(CommonOptions):
              "(default 16)")
     macro_batch_bytes: int | None = option(
         None, type=byte_size, metavar="BYTES",
-        help="macrobatch: most bytes of feature rows held at once (a larger macro-batch is read in rounds)")
+        help="macrobatch: most bytes of samples a macro-batch holds (it is cut short there) and of feature "
+             "rows held at once (a larger union is read in rounds)")
     feature_cache_bytes: int | None = option(
         None, type=byte_size, metavar="BYTES",
         help="macrobatch: keep up to BYTES of feature rows between rounds (default: no cache)")

@@ -29,7 +29,8 @@ from graphstore.buffer.slots import BufferMemory
 from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
 
-__all__ = ["Bucket", "ResidentGraph", "assemble_resident_graph", "build_resident_graph", "fill_cache_rows"]
+__all__ = ["Bucket", "ResidentGraph", "assemble_resident_graph", "build_resident_graph", "build_structure_graph",
+           "fill_cache_rows"]
 
 Bucket = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
 """One edge bucket as `Store.read_bucket` returns it: ``(src, dst, rel)``, [m] store ids each."""
@@ -174,6 +175,49 @@ def read_hub_segment(store: Store, g: int) -> Bucket:
     names = ["hubs/edges/src", "hubs/edges/dst"] + (["hubs/edges/rel"] if store.manifest.has_relations else [])
     src, dst, *rel = store.read_many([(name, lo, hi, None) for name in names])
     return src, dst, rel[0] if rel else None
+
+
+def build_structure_graph(store: Store) -> tuple[ResidentGraph, int]:
+    """The whole graph's structure and labels, no features: the ``macrobatch`` scheme's
+    graph (features stay in the store), and the bytes read to build it.
+
+    Local id = store id. The CSC is built one destination partition at a time (its edges are
+    one contiguous range of the store: buckets ``(*, j)``), so the temporaries are one
+    partition's edges, not the graph's; sources are int32 below 2**31 nodes (half the
+    memory of the buffer's int64), ``indptr`` int64. Within a destination the sources come
+    in ascending store id, as in `assemble_resident_graph`: samples drawn here are the ones
+    the ``minibatch`` scheme draws.
+    """
+    n, p, P = store.num_nodes, store.num_partitions, store.partition_size
+    small = n < 2**31
+    indptr = np.zeros(n + 1, dtype=np.int32 if store.num_edges < 2**31 else np.int64)
+    indices = np.empty(store.num_edges, dtype=np.int32 if small else np.int64)
+    rel = np.empty(store.num_edges, dtype=np.int64) if store.manifest.has_relations else None
+    labels = np.full(n, -1, dtype=np.int32)
+    nbytes = 0
+    for j in range(p):
+        lo, hi = store.bucket_range(0, j)[0], store.bucket_range(p - 1, j)[1]  # buckets (0, j) .. (p-1, j)
+        start, stop = store.partition_range(j)
+        names = ["edges/src", "edges/dst"] + (["edges/rel"] if rel is not None else [])
+        got = store.read_many([(name, lo, hi, None) for name in names]
+                              + ([("nodes/labels", start, stop, None)] if store.manifest.has_labels else []))
+        src, dst = got[0], got[1]
+        order = np.argsort(dst, kind="stable")  # buckets by source partition: sources stay ascending
+        indices[lo:hi] = src[order]
+        if rel is not None:
+            rel[lo:hi] = got[2][order]
+        indptr[start + 1:stop + 1] = np.bincount(dst - start, minlength=stop - start)
+        if store.manifest.has_labels:
+            labels[start:stop] = got[-1]
+        nbytes += sum(a.nbytes for a in got)
+    np.cumsum(indptr, out=indptr)
+    graph = ResidentGraph(
+        partitions=tuple(range(p)), slots=tuple(range(p)), partition_size=P, store_num_nodes=n,
+        slot_of=np.arange(p, dtype=np.int64), cache_ids=_NO_CACHE, cache_start=p * P,
+        node_ids=torch.arange(n, dtype=torch.int64), indptr=torch.from_numpy(indptr),
+        indices=torch.from_numpy(indices), rel=None if rel is None else torch.from_numpy(rel), features=None,
+        labels=torch.from_numpy(labels) if store.manifest.has_labels else None)
+    return graph, nbytes
 
 
 def build_resident_graph(store: Store, partitions: Sequence[int], *, with_features: bool = True,

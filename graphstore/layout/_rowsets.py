@@ -18,8 +18,10 @@ How::
                                reads its runs into a scratch buffer (buffered ``preadv``,
                                readahead off), checks each block, copies its rows to ``out``
 
-Everything per row or per block is numpy; the per-run loop only issues the reads and the
-checksum calls. Buffered reads, not ``O_DIRECT``: a block starts at a multiple of the row
+Everything per row or per block is numpy; a group's reads and checks are one call of a small
+C reader (`graphstore.layout._native`) that holds no GIL, so the worker threads keep several
+requests in flight (in Python, the per-request and per-block calls held them to about one:
+~30k requests/s). Without the compiled reader the same work runs in Python. Buffered reads, not ``O_DIRECT``: a block starts at a multiple of the row
 size, not of 4096 bytes. The pages read are dropped when the call ends (a cgroup memory cap
 counts the page cache, and the next macro-batch should not find the rows there).
 
@@ -41,18 +43,27 @@ import crc32c
 import numpy as np
 
 from graphstore.errors import CorruptStoreError
+from graphstore.layout import _native as native
 from graphstore.layout._chunkio import ArrayLayout, shared_reader
 
 __all__ = ["MERGE_GAP_BYTES", "PIECE_BYTES", "RowSetStats", "read_row_set"]
 
-MERGE_GAP_BYTES = 8192
-"""Two runs of blocks closer than this (in one file) are read as one request."""
-PIECE_BYTES = 16 << 20
-"""Most bytes one worker task reads into its scratch buffer before copying rows out."""
+MERGE_GAP_BYTES = 16 << 10
+"""Two runs of blocks closer than this (in one file) are read as one request. Measured on the
+development machine's SSD (cold, 4 threads): 33,000 rows scattered over 3.5 GiB took 1.06 s
+as 31,000 requests (133 MB), 1.25 s merging gaps under 8 KiB and 1.11 s under 64 KiB (569
+MB); 600,000 rows took 7.7, 4.5 and 3.7 s. Time varies little and bytes by 4x, and under a
+memory cap bytes read are page cache to reclaim: a small gap, above one 4 KiB block."""
+PIECE_BYTES = 1 << 20
+"""Most bytes one worker task reads into its scratch buffer before copying rows out (so
+THREADS tasks hold at most 16 MiB of scratch)."""
 WHOLE_CHUNK_RUN_BYTES = 64 << 20
 """Most bytes one request of the whole-chunk fallback reads."""
-THREADS = 4
-"""Reads in flight (each worker's ``preadv`` releases the GIL)."""
+THREADS = 16
+"""Worker threads, each with one request in flight. Measured with the C reader on the
+development machine's SSD (cold, 33,000 rows scattered over 3.5 GiB, ~27,000 requests):
+33k requests/s with 4 threads, 45k with 8, 49k with 16, 60k with 64; 600,000 rows (15,000
+longer requests) reach the disk's sequential bandwidth from 8 threads on."""
 
 
 @dataclass
@@ -175,10 +186,56 @@ def _read_blocks(layout: ArrayLayout, ids: np.ndarray, out: np.ndarray) -> RowSe
 
 def _read_group(layout: ArrayLayout, runs: _Runs, group: np.ndarray, ids: np.ndarray, out: np.ndarray,
                 files: _Files) -> None:
-    rb, R, table = layout.row_bytes, layout.chunk_rows, layout.segments
     lo, hi = runs.row_lo[group], runs.row_hi[group]
     offsets = np.cumsum(hi - lo) - (hi - lo)  # each run's first row in the scratch buffer
     scratch = np.empty((int((hi - lo).sum()), *layout.shape[1:]), dtype=layout.dtype)
+    if native.library() is not None:
+        _read_group_native(layout, runs, group, lo, hi, offsets, scratch, files)
+    else:
+        _read_group_python(layout, runs, group, lo, hi, offsets, scratch, files)
+    # The rows asked for that these runs hold: where each sits in the scratch buffer.
+    i0, i1 = np.searchsorted(ids, [lo[0], hi[-1]])
+    mine = ids[i0:i1]
+    run = np.searchsorted(lo, mine, side="right") - 1
+    out[i0:i1] = scratch[offsets[run] + mine - lo[run]]
+
+
+def _read_group_native(layout: ArrayLayout, runs: _Runs, group: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                       offsets: np.ndarray, scratch: np.ndarray, files: _Files) -> None:
+    """The group's reads and checks in one call of the C reader (the GIL released)."""
+    rb, R, table = layout.row_bytes, layout.chunk_rows, layout.segments
+    chunk = lo // R
+    fds = np.array([files.fd(int(c)) for c in np.unique(chunk)], dtype=np.int32)[
+        np.searchsorted(np.unique(chunk), chunk)]
+    first, last = runs.first[group], runs.last[group]
+    count = last - first + 1
+    run_of_block = np.repeat(np.arange(group.size), count)
+    blocks = first[run_of_block] + np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    a, b = table.bounds[blocks], table.bounds[blocks + 1]
+    try:
+        native.read_runs(fds, (lo - chunk * R) * rb, (hi - lo) * rb, offsets * rb, scratch,
+                         (offsets[run_of_block] + a - lo[run_of_block]) * rb, (b - a) * rb, table.crcs[blocks])
+    except native.GroupError as e:
+        if e.kind == "crc":
+            s, c = int(blocks[e.index]), int(chunk[run_of_block[e.index]])
+            raise CorruptStoreError(
+                f"{layout.where}: {layout.name} {table.describe(s)} (rows [{int(a[e.index])}, {int(b[e.index])}), "
+                f"{layout.chunk_path(c)}): checksum mismatch "
+                f"(stored {int(table.crcs[s]):#010x}, computed {e.got:#010x})") from None
+        c, r0 = int(chunk[e.index]), int(lo[e.index])
+        span = f"bytes [{(r0 - c * R) * rb}, {(int(hi[e.index]) - c * R) * rb})"
+        if e.kind == "short":
+            raise CorruptStoreError(f"{layout.where}: {layout.name} chunk file {layout.chunk_path(c)} is short "
+                                    f"(wanted {span})") from None
+        raise OSError(e.errno, f"{layout.name}: reading {span} of {layout.chunk_path(c)}: "
+                               f"{os.strerror(e.errno)}") from None
+
+
+def _read_group_python(layout: ArrayLayout, runs: _Runs, group: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                       offsets: np.ndarray, scratch: np.ndarray, files: _Files) -> None:
+    """The same reads and checks as `_read_group_native`, a request and a checksum call at a
+    time (when the C reader is not built)."""
+    rb, R, table = layout.row_bytes, layout.chunk_rows, layout.segments
     data = memoryview(scratch.reshape(-1)).cast("B")
     for k, run in enumerate(group):
         r0, r1 = int(lo[k]), int(hi[k])
@@ -193,11 +250,6 @@ def _read_group(layout: ArrayLayout, runs: _Runs, group: np.ndarray, ids: np.nda
                     f"{layout.where}: {layout.name} {table.describe(s)} (rows [{a}, {b}), "
                     f"{layout.chunk_path(chunk)}): checksum mismatch "
                     f"(stored {int(table.crcs[s]):#010x}, computed {crc:#010x})")
-    # The rows asked for that these runs hold: where each sits in the scratch buffer.
-    i0, i1 = np.searchsorted(ids, [lo[0], hi[-1]])
-    mine = ids[i0:i1]
-    run = np.searchsorted(lo, mine, side="right") - 1
-    out[i0:i1] = scratch[offsets[run] + mine - lo[run]]
 
 
 def _pread_exactly(fd: int, view: memoryview, offset: int, layout: ArrayLayout, chunk: int) -> None:

@@ -5,6 +5,7 @@ This is the machinery the trainer scripts use, for user code: a loader resolves 
 stages (`stages`), each with one job and typed items in and out::
 
     Planner -> BufferWalk -> NodeTargets -> NeighbourSampling -> GatherRows [-> MicroBatchSplit]
+    StructureWalk -> NodeTargets -> NeighbourSampling -> MacroBatchGather     (macrobatch)
     Planner -> BufferWalk -> EdgeTargets -> Negatives [-> EdgeNeighbourSampling]
 
 Every choice a loader makes is in its ``settings`` (printed and recorded by the trainers).

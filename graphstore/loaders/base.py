@@ -14,7 +14,7 @@ from graphstore.errors import ConfigError, OutOfCoreWarning
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
 from graphstore.loaders.schemes import SCHEMES, Scheme
-from graphstore.loaders.stages import BufferWalk, EpochContext, Planner, Stage, run_stages
+from graphstore.loaders.stages import BufferWalk, EpochContext, Planner, Stage, StructureWalk, run_stages
 
 __all__ = ["BufferedLoader"]
 
@@ -93,9 +93,11 @@ class BufferedLoader:
         self.buffer_bytes = buffer_bytes
         self.embedding_dim = embedding_dim
         self.planner = Planner(store, self.policy, self.capacity, self.seed, self._plan_options())
-        self.walk = BufferWalk(store, self.planner, prefetch=self.prefetch, embedding_dim=embedding_dim,
-                               cache=self.cache, embeddings=embeddings,
-                               with_features=self.scheme_spec.resident_features)
+        if self.scheme_spec.resident_features:
+            self.walk = BufferWalk(store, self.planner, prefetch=self.prefetch, embedding_dim=embedding_dim,
+                                   cache=self.cache, embeddings=embeddings)
+        else:  # features stay in the store: the structure alone, built once
+            self.walk = StructureWalk(store)
 
     def _common_settings(self) -> dict[str, Any]:
         return {"scheme": self.scheme, "policy": self.policy, "num_partitions": self.store.num_partitions,

@@ -16,20 +16,22 @@ checksum), neighbouring blocks in one request. Its counters separate the rows as
 BatchGNN fetches rows over the network from their owners, row by row; here they come from
 a local SSD, whose least read is a 4 KiB page.
 
-``macro_batch_bytes`` bounds the rows held: a macro-batch whose union is larger is read in
-``F`` rounds, each of consecutive mini-batches whose union fits (at least one mini-batch
-per round). A `FeatureCache` (optional, ``feature_cache_bytes``) keeps rows between rounds,
+``macro_batch_bytes`` bounds what a macro-batch holds: its samples (a macro-batch is cut
+short, at one mini-batch at least, when the samples of its mini-batches reach the bound:
+``B = all`` under a small budget holds what fits, not the epoch) and its rows (a union
+larger than the bound is read in ``F`` rounds, each of consecutive mini-batches whose union
+fits, at least one mini-batch per round). With the prefetch thread, two macro-batches are
+held at once: the one training and the next. A `FeatureCache` (optional, ``feature_cache_bytes``) keeps rows between rounds,
 by Belady's policy over the rounds sampled ahead, or by LRU.
 """
 
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -102,10 +104,31 @@ class _Failure:
 
 @dataclass
 class _Round:
-    batches: list[NodeBatch] = field(default_factory=list)
+    """A round's rows and its mini-batches; each batch's features are gathered from the
+    rows when the consumer takes it (holding one batch's gather at a time, not B)."""
+
+    rows: torch.Tensor
+    union: np.ndarray
+    sampled: list
+    ids: list[np.ndarray]
+
+    def batches(self) -> Iterator[NodeBatch]:
+        for s, mine in zip(self.sampled, self.ids):
+            g = s.graph
+            features = self.rows.index_select(0, torch.from_numpy(np.searchsorted(self.union, mine)))
+            labels = g.labels.index_select(0, s.dense.targets).long()
+            yield NodeBatch(s.dense, features, labels, g)
 
 
 _END = object()
+
+
+def _sample_bytes(dense) -> int:
+    """Bytes of a DENSE's tensors (what a held, not yet trained mini-batch costs)."""
+    tensors = [dense.node_ids, dense.node_id_offsets, dense.nbrs, dense.nbr_offsets, *dense.repr_map]
+    if dense.edge_ids is not None:
+        tensors.append(dense.edge_ids)
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 @dataclass
@@ -128,7 +151,8 @@ class MacroBatchGather:
     macro_batches : int
         Mini-batches per macro-batch ``B`` (>= 1), or -1 for every batch of the epoch.
     macro_batch_bytes : int, optional
-        Most bytes of rows a round holds; default no bound (one round per macro-batch).
+        Most bytes of samples a macro-batch holds, and of rows a round holds; default no
+        bound (B mini-batches, one round per macro-batch).
     prefetch : bool
         Sample and read the next macro-batch in a background thread.
     cache : FeatureCache, optional
@@ -164,7 +188,7 @@ class MacroBatchGather:
         self.stats = stats
         if not self.prefetch:
             for round_ in self._rounds(batches, stats, lambda: False):
-                yield from round_.batches
+                yield from round_.batches()
             return
         handoff: queue.Queue = queue.Queue(maxsize=1)
         stop = threading.Event()
@@ -196,7 +220,7 @@ class MacroBatchGather:
                     return
                 if isinstance(item, _Failure):
                     raise item.error
-                yield from item.batches
+                yield from item.batches()
         finally:
             stop.set()
             while thread.is_alive():  # unblock a put, then wait for the thread
@@ -239,11 +263,18 @@ class MacroBatchGather:
                     return
 
     def _next_macro(self, source: Iterator) -> _Macro | None:
-        """The next ``B`` sampled mini-batches (all that are left for ``B = -1``), or None."""
-        sampled = list(itertools.islice(source, None if self.macro_batches == -1 else self.macro_batches))
+        """The next ``B`` sampled mini-batches (all that are left for ``B = -1``), fewer when
+        their samples reach ``macro_batch_bytes`` (at least one), or None at the end."""
+        limit = None if self.macro_batches == -1 else self.macro_batches
+        sampled, ids, held = [], [], 0
+        for s in source:
+            sampled.append(s)
+            ids.append(s.graph.node_ids[s.dense.node_ids].numpy())
+            held += _sample_bytes(s.dense) + ids[-1].nbytes
+            if len(sampled) == limit or (self.macro_batch_bytes is not None and held >= self.macro_batch_bytes):
+                break
         if not sampled:
             return None
-        ids = [s.graph.node_ids[s.dense.node_ids].numpy() for s in sampled]
         return _Macro(sampled, ids, self._split(ids))
 
     def _split(self, ids: list[np.ndarray]) -> list[tuple[int, int, np.ndarray]]:
@@ -267,12 +298,6 @@ class MacroBatchGather:
     @staticmethod
     def _gather(macro: _Macro, start: int, stop: int, union: np.ndarray, rows: torch.Tensor,
                 stats: FetchStats) -> _Round:
-        out = _Round()
-        for s, mine in zip(macro.sampled[start:stop], macro.ids[start:stop]):
-            g = s.graph
-            features = rows.index_select(0, torch.from_numpy(np.searchsorted(union, mine)))
-            labels = g.labels.index_select(0, s.dense.targets).long()
-            out.batches.append(NodeBatch(s.dense, features, labels, g))
-            stats.mini_batches += 1
-            stats.rows_requested += int(mine.size)
-        return out
+        stats.mini_batches += stop - start
+        stats.rows_requested += sum(int(mine.size) for mine in macro.ids[start:stop])
+        return _Round(rows, union, macro.sampled[start:stop], macro.ids[start:stop])

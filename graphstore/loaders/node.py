@@ -77,7 +77,8 @@ class NodeLoader(BufferedLoader):
         `DEFAULT_MACRO_BATCHES`); their input rows are read from the store once
         (`graphstore.loaders.macro`).
     macro_batch_bytes : int, optional
-        Most bytes of feature rows held at once; a larger macro-batch is read in rounds.
+        Most bytes of samples a macro-batch holds (it is cut short there) and of feature
+        rows held at once (a larger union is read in rounds).
     feature_cache_bytes : int, optional
         The ``macrobatch`` scheme's feature cache between rounds (default none): at most
         this many bytes of rows, kept by ``feature_cache`` (``"belady"``, the default,

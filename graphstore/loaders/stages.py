@@ -23,6 +23,7 @@ stages in this chain, not branches inside one generator.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
@@ -33,7 +34,7 @@ import torch
 from graphstore.buffer import BufferManager, BufferMemory, BufferStats, StaticCache, plan_epoch
 from graphstore.buffer.manager import LoadedState
 from graphstore.buffer.policies import EpochPlan
-from graphstore.buffer.resident import ResidentGraph
+from graphstore.buffer.resident import ResidentGraph, build_structure_graph
 from graphstore.buffer.slots import lookahead_within, slots_needed
 from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EmbeddingTable
@@ -48,6 +49,7 @@ from graphstore.sample.negatives import sample_negatives
 __all__ = [
     "BufferWalk", "EdgeNeighbourSampling", "EdgeTargets", "EpochContext", "GatherRows", "MicroBatchSplit",
     "Negatives", "NeighbourSampling", "NodeTargets", "Planner", "PositiveEdges", "SampledBatch", "Stage",
+    "StructureWalk",
     "TargetBatch", "run_stages",
 ]
 
@@ -144,9 +146,8 @@ class BufferWalk:
     the background), with the slot memory allocated once for the run."""
 
     def __init__(self, store: Store, planner: Planner, *, prefetch: bool, embedding_dim: int,
-                 cache: StaticCache | None, embeddings: EmbeddingTable | None = None,
-                 with_features: bool = True) -> None:
-        self.store, self.planner, self.prefetch, self.with_features = store, planner, prefetch, with_features
+                 cache: StaticCache | None, embeddings: EmbeddingTable | None = None) -> None:
+        self.store, self.planner, self.prefetch = store, planner, prefetch
         self.embedding_dim, self.cache, self.embeddings = embedding_dim, cache, embeddings
         self.memory: BufferMemory | None = None
         self.epoch_stats: list[BufferStats] = []
@@ -161,16 +162,39 @@ class BufferWalk:
         if self.memory is None or self.memory.num_slots < need:
             # Allocated once for the run (re-allocated only if a later epoch needs more slots).
             self.memory = BufferMemory.allocate(
-                self.store, need, embedding_dim=self.embedding_dim, with_features=self.with_features,
+                self.store, need, embedding_dim=self.embedding_dim,
                 cache_rows=0 if self.cache is None else self.cache.num_nodes)
         buffer = BufferManager(self.store, states, prefetch=self.prefetch, memory=self.memory,
-                               with_features=self.with_features,
                                embeddings=self.embeddings, static_cache=self.cache, lookahead=ahead)
         try:
             yield from buffer
         finally:
             buffer.close()
             self.epoch_stats.append(buffer.stats)
+
+
+class StructureWalk:
+    """Source stage of the ``macrobatch`` scheme: the whole graph's structure and labels,
+    built once for the run (`build_structure_graph`), one state per epoch; the features
+    stay in the store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.graph: ResidentGraph | None = None
+        self.memory = None  # no buffer slots: nothing of the features is resident
+        self.epoch_stats: list[BufferStats] = []
+
+    def states(self, ctx: EpochContext, *, lookahead: bool) -> Iterator[LoadedState]:
+        built, t0 = 0, time.perf_counter()
+        if self.graph is None:
+            self.graph, built = build_structure_graph(self.store)
+        seconds = time.perf_counter() - t0
+        p = self.store.num_partitions
+        self.epoch_stats.append(BufferStats(
+            states=1, partitions_loaded=p if built else 0, swaps=0, buckets_read=p * p if built else 0,
+            requests=2 * p if built else 0, bytes_read=built, read_seconds=seconds, assemble_seconds=0.0,
+            stall_seconds=seconds, planned_bytes=built))  # the structure, read once a run
+        yield LoadedState(0, self.graph, tuple(range(p)) if built else ())
 
 
 # ------------------------------------------------------------------ node classification

@@ -3,6 +3,7 @@ blocks that are each verified, in few requests; damaged blocks and files are nam
 
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 
@@ -12,6 +13,7 @@ import pytest
 import graphstore
 from graphstore.errors import CorruptStoreError
 from graphstore.layout import _arrays
+from graphstore.layout import _native as native
 from graphstore.layout._convert import ConvertOptions, convert
 from graphstore.layout._rowsets import MERGE_GAP_BYTES, RowSetStats
 from graphstore.layout._segments import BLOCK_BYTES, CHECKSUMS_GROUP, block_bounds
@@ -31,6 +33,18 @@ def store_path(tmp_path_factory):
     return out
 
 
+@pytest.fixture(params=["native", "python"])
+def reader(request, monkeypatch):
+    """Each test runs with the C block reader and with the Python one it falls back to."""
+    if request.param == "python":
+        monkeypatch.setattr(native, "library", lambda: None)
+    elif native.library() is None:
+        if os.environ.get("CI"):  # CI builds it: a missing reader there is a broken build
+            pytest.fail(f"the C block reader is not built: {native.load_error()}")
+        pytest.skip(f"the C block reader is not built: {native.load_error()}")
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def features(store_path):
     return graphstore.open(store_path).array("nodes/features")[...]
@@ -45,7 +59,7 @@ def test_block_bounds_tile_every_partition_and_chunk():
 
 
 @pytest.mark.parametrize("density", [0.0, 0.0004, 0.01, 0.2, 1.0])
-def test_rows_are_exact_and_only_their_blocks_are_read(store_path, features, density):
+def test_rows_are_exact_and_only_their_blocks_are_read(store_path, features, density, reader):
     store = graphstore.open(store_path)
     rng = np.random.default_rng(int(density * 1e4))
     ids = np.flatnonzero(rng.random(N) < density) if density < 1 else np.arange(N)
@@ -78,7 +92,7 @@ def test_a_preallocated_output_and_bad_ids_are_checked(store_path, features):
         store.read_row_set("nodes/features", np.array([3001]))
 
 
-def test_a_damaged_block_fails_only_the_reads_that_touch_it(store_path, tmp_path):
+def test_a_damaged_block_fails_only_the_reads_that_touch_it(store_path, tmp_path, reader):
     copy = tmp_path / "copy.gs"
     shutil.copytree(store_path, copy)
     store = graphstore.open(copy)
@@ -100,14 +114,14 @@ def test_a_damaged_block_fails_only_the_reads_that_touch_it(store_path, tmp_path
                                   np.asarray(graphstore.open(store_path).array("nodes/features")[...])[far])
 
 
-def test_a_short_chunk_file_is_named(store_path, tmp_path):
+def test_a_short_chunk_file_is_named(store_path, tmp_path, reader):
     copy = tmp_path / "copy.gs"
     shutil.copytree(store_path, copy)
     store = graphstore.open(copy)
     layout = store._layout("nodes/features")
     f = layout.chunk_path(1)
     f.write_bytes(f.read_bytes()[:100])
-    with pytest.raises(CorruptStoreError, match=rf"chunk file .*c/1.* is short"):
+    with pytest.raises(CorruptStoreError, match=r"chunk file .*c/1.* is short"):
         store.read_row_set("nodes/features", np.array([layout.chunk_rows + 50]))
 
 
@@ -129,3 +143,16 @@ def test_a_store_without_block_checksums_reads_whole_chunks_and_says_so(store_pa
     stats = RowSetStats()
     np.testing.assert_array_equal(graphstore.open(copy).read_row_set("nodes/features", ids, stats=stats), features[ids])
     assert stats.bytes_read <= 4 * BLOCK_BYTES + 4 * MERGE_GAP_BYTES
+
+
+def test_the_c_readers_checksum_is_crc32c():
+    import crc32c
+
+    if native.library() is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"the C block reader is not built: {native.load_error()}")
+        pytest.skip(f"the C block reader is not built: {native.load_error()}")
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 8, 9, 63, 4096, 100_003):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert native.crc32c(data) == crc32c.crc32c(data), n
