@@ -3,10 +3,12 @@
 `layers` holds the message-passing layers and the `GNN` stack; `decoders` the edge
 scorers and their loss; `metrics` accuracy, MRR / Hits@k and OGB's evaluator rules;
 `base` the `LayerView` both samplers' layers are read through; `step_memory` the estimate
-and measurement of a training step's memory; `accumulate` micro-batch gradient accumulation.
+and measurement of a training step's memory; `accumulate` micro-batch gradient accumulation;
+`aggregate` the weightless neighbour aggregate of input features (BatchGNN's cache).
 """
 
 from graphstore.nn.accumulate import micro_batch_backward
+from graphstore.nn.aggregate import AGGREGATIONS, AggregationModel, FeatureAggregate
 from graphstore.nn.base import LayerView, layer_view, normalize_rows, segment_mean, segment_softmax, segment_sum
 from graphstore.nn.decoders import DECODERS, ComplEx, Decoder, DistMult, HadamardMLP, TransE, link_loss
 from graphstore.nn.layers import (
@@ -40,6 +42,7 @@ from graphstore.nn.step_memory import (
 )
 
 __all__ = [
+    "AGGREGATIONS",
     "DECODERS",
     "GNN",
     "KS",
@@ -47,9 +50,11 @@ __all__ = [
     "PartialAggregate",
     "PartialSources",
     "OPTIMIZERS",
+    "AggregationModel",
     "ComplEx",
     "Decoder",
     "DistMult",
+    "FeatureAggregate",
     "GATConv",
     "GCNConv",
     "GINConv",
