@@ -15,14 +15,14 @@ How::
                                apart, of the same chunk file (the gap is read too: one
                                request is cheaper than two on an SSD)
     runs                    -> groups of at most PIECE_BYTES, one per worker task: each
-                               reads its runs into a scratch buffer (buffered ``preadv``,
+                               reads its runs into a scratch buffer (buffered ``pread``,
                                readahead off), checks each block, copies its rows to ``out``
 
 Everything per row or per block is numpy; a group's reads and checks are one call of a small
 C reader (`graphstore.layout._native`) that holds no GIL, so the worker threads keep several
 requests in flight (in Python, the per-request and per-block calls held them to about one:
-~30k requests/s). Without the compiled reader the same work runs in Python. Buffered reads, not ``O_DIRECT``: a block starts at a multiple of the row
-size, not of 4096 bytes. The pages read are dropped when the call ends (a cgroup memory cap
+~30k requests/s). Without the compiled reader the same work runs in Python. Buffered reads,
+not ``O_DIRECT``: a block starts at a multiple of the row size, not of 4096 bytes. The pages read are dropped when the call ends (a cgroup memory cap
 counts the page cache, and the next macro-batch should not find the rows there).
 
 A store whose features table is per partition (older stores) has no blocks: its rows are
@@ -205,8 +205,8 @@ def _read_group_native(layout: ArrayLayout, runs: _Runs, group: np.ndarray, lo: 
     """The group's reads and checks in one call of the C reader (the GIL released)."""
     rb, R, table = layout.row_bytes, layout.chunk_rows, layout.segments
     chunk = lo // R
-    fds = np.array([files.fd(int(c)) for c in np.unique(chunk)], dtype=np.int32)[
-        np.searchsorted(np.unique(chunk), chunk)]
+    chunks, which = np.unique(chunk, return_inverse=True)
+    fds = np.array([files.fd(int(c)) for c in chunks], dtype=np.int32)[which]
     first, last = runs.first[group], runs.last[group]
     count = last - first + 1
     run_of_block = np.repeat(np.arange(group.size), count)

@@ -81,10 +81,6 @@ class FeatureCache:
         self.last_use = np.empty(0, dtype=np.int64)
         self._round = 0
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.rows.nbytes)
-
     def serve(self, union: np.ndarray, future: Sequence[np.ndarray],
               fetch: Callable[[np.ndarray], np.ndarray], stats: CacheStats) -> np.ndarray:
         """float32 [len(union), D]: the rows of ``union`` (ascending store ids), the cached
@@ -104,17 +100,20 @@ class FeatureCache:
             out[missing] = fetch(union[missing])
         stats.hits += int(hit.sum())
         stats.misses += int(missing.sum())
-        self._keep(union, out, future)
+        self._keep(union, out, future, used=pos[hit])
         stats.rows_kept = int(self.ids.size)
         return out
 
-    def _keep(self, union: np.ndarray, rows: np.ndarray, future: Sequence[np.ndarray]) -> None:
+    def _keep(self, union: np.ndarray, rows: np.ndarray, future: Sequence[np.ndarray], *, used: np.ndarray) -> None:
+        """``used``: the cache positions this round hit (those rows are in ``union`` too)."""
         t = self._round
         self._round += 1
         if self.capacity == 0:
             return
         # Candidates: this round's union (used now) and the cached rows it did not use.
-        old = np.flatnonzero(~np.isin(self.ids, union, assume_unique=True))
+        unused = np.ones(self.ids.size, dtype=bool)
+        unused[used] = False
+        old = np.flatnonzero(unused)
         ids = np.concatenate([union, self.ids[old]])
         last = np.concatenate([np.full(union.size, t, dtype=np.int64), self.last_use[old]])
         if ids.size <= self.capacity:

@@ -21,8 +21,9 @@ short, at one mini-batch at least, when the samples of its mini-batches reach th
 ``B = all`` under a small budget holds what fits, not the epoch) and its rows (a union
 larger than the bound is read in ``F`` rounds, each of consecutive mini-batches whose union
 fits, at least one mini-batch per round). With the prefetch thread, two macro-batches are
-held at once: the one training and the next. A `FeatureCache` (optional, ``feature_cache_bytes``) keeps rows between rounds,
-by Belady's policy over the rounds sampled ahead, or by LRU.
+held at once: the one training and the next. A `FeatureCache` (optional,
+``feature_cache_bytes``) keeps rows between rounds, by Belady's policy over the rounds
+sampled ahead, or by LRU.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ __all__ = ["DEFAULT_CACHE_LOOKAHEAD", "FeatureFetch", "FetchStats", "MacroBatchG
 
 DEFAULT_CACHE_LOOKAHEAD = 32
 """Mini-batches a Belady feature cache sees ahead (their samples are held in memory)."""
+
 
 @dataclass
 class FetchStats:
@@ -258,7 +260,7 @@ class MacroBatchGather:
                     stats.cache_rows = served.rows_kept
                 stats.rows_union += int(union.size)
                 stats.rounds += 1
-                yield self._gather(macro, start, stop, union, torch.from_numpy(rows), stats)
+                yield self._round(macro, start, stop, union, torch.from_numpy(rows), stats)
                 if stopped():
                     return
 
@@ -296,8 +298,8 @@ class MacroBatchGather:
         return rounds
 
     @staticmethod
-    def _gather(macro: _Macro, start: int, stop: int, union: np.ndarray, rows: torch.Tensor,
-                stats: FetchStats) -> _Round:
+    def _round(macro: _Macro, start: int, stop: int, union: np.ndarray, rows: torch.Tensor,
+               stats: FetchStats) -> _Round:
         stats.mini_batches += stop - start
         stats.rows_requested += sum(int(mine.size) for mine in macro.ids[start:stop])
         return _Round(rows, union, macro.sampled[start:stop], macro.ids[start:stop])
