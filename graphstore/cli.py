@@ -138,6 +138,23 @@ def _parser() -> argparse.ArgumentParser:
                      help="row-normalise the input features (default: what the trainer's checkpoint recorded)")
     inf.add_argument("--work-dir", metavar="D", help="scratch arrays here (default a temporary directory)")
 
+    ag = sub.add_parser("aggregate", help="store every node's aggregate of its in-neighbours' features "
+                                          "(BatchGNN's aggregation cache), computed out of core",
+                        description="Compute, for every node of STORE, the mean, sum or GCN propagation of its "
+                                    "in-neighbours' feature rows (all neighbours, global degrees) by streaming "
+                                    "partitions and edge buckets, and store it as nodes/aggregated_OP "
+                                    "(checksummed, recorded in the manifest; takes the writer lock). The "
+                                    "macrobatch scheme's first GraphSage (mean), GIN (sum) or GCN (gcn) layer "
+                                    "then reads it instead of a sampled last hop.")
+    ag.add_argument("store")
+    ag.add_argument("--op", required=True, choices=["mean", "sum", "gcn"],
+                    help="mean: GraphSage's; sum: GIN's; gcn: GCN's normalized propagation with the self loop")
+    ag.add_argument("--normalize-features", choices=["none", "row"], default="none",
+                    help="aggregate row-normalised features (for training with --normalize-features row)")
+    ag.add_argument("--buffer-bytes", type=byte_size, metavar="B",
+                    help="memory for the walk (default: what a quarter of the partitions' features take)")
+    ag.add_argument("--work-dir", metavar="D", help="scratch arrays here (default a temporary directory)")
+
     pl = sub.add_parser("plan", help="show a buffer policy's plan for one epoch",
                         description="Print the buffer states of one epoch and what each trains, "
                                     "so you can see what an epoch will read before training.")
@@ -156,6 +173,15 @@ def _parser() -> argparse.ArgumentParser:
                     help="node policies: partitions holding training nodes (default all)")
     pl.add_argument("--task", choices=["link", "node"], help="in_memory: plan only this task's fields")
     pl.add_argument("--json", action="store_true", help="print the whole plan as JSON")
+
+    fig = sub.add_parser("plot", help="draw trainer runs' metrics files (needs matplotlib)",
+                         description="Draw, per epoch, each run's training loss, validation metric, "
+                                     "training time split into compute and stall, and bytes read, one "
+                                     "line per run named by its scheme, from the trainers' --metrics-out "
+                                     "files (pip install graphstore[plot]).")
+    fig.add_argument("runs", nargs="+", metavar="RUN.json", help="trainer metrics files of one task")
+    fig.add_argument("-o", "--out", required=True, metavar="OUT.png", help="the PNG to write")
+    fig.add_argument("--dpi", type=positive_int, default=110, help="resolution (default 110)")
     return parser
 
 
@@ -224,6 +250,9 @@ def _run_info(args: argparse.Namespace) -> int:
     else:
         print("  checksums: whole chunks only; reads of single buckets and partitions are NOT verified "
               f"(run `graphstore upgrade {s['path']}`)")
+    if s["aggregates"]:
+        print("  aggregates (graphstore aggregate): " + ", ".join(
+            f"{op} of {r['input']} in {r['array']}" for op, r in s["aggregates"].items()))
     print(f"  {s['bytes_on_disk'] / 2**20:,.1f} MiB on disk:")
     for name, a in s["arrays"].items():
         print(f"    {name:32s} {str(tuple(a['shape'])):22s} {a['dtype']:8s} {a['bytes_on_disk'] / 2**20:10,.2f} MiB")
@@ -300,6 +329,18 @@ def _run_infer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_aggregate(args: argparse.Namespace) -> int:
+    from graphstore.inference import InferenceStats, aggregate_store
+
+    stats = InferenceStats()
+    r = aggregate_store(args.store, args.op, normalize=args.normalize_features == "row",
+                        buffer_bytes=args.buffer_bytes, work_dir=args.work_dir, stats=stats)
+    print(f"{args.store}: {r['array']} [{r['dim']} wide] = {args.op} over every node's in-neighbours of its "
+          f"{r['input']}; read {stats.bytes_read / 2**20:.1f} MiB, {'/'.join(map(str, stats.capacities))} "
+          f"partitions resident, {r['seconds']:.1f} s")
+    return 0
+
+
 def _run_plan(args: argparse.Namespace) -> int:
     from graphstore.buffer import plan_epoch
 
@@ -336,6 +377,16 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_plot(args: argparse.Namespace) -> int:
+    from graphstore.plot import plot_runs
+
+    fig = plot_runs(args.runs, args.out, dpi=args.dpi)
+    labels = [text.get_text() for text in fig.legends[0].get_texts()]
+    print(f"wrote {args.out}: {len(args.runs)} run(s) ({', '.join(labels)}), "
+          f"{len(fig.axes)} panels: loss, validation, time (compute/stall), bytes read")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = _parser()
@@ -343,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
     handlers = {"convert": _run_convert, "info": _run_info, "verify": _run_verify, "upgrade": _run_upgrade,
-                "hubs": _run_hubs, "plan": _run_plan, "infer": _run_infer}
+                "hubs": _run_hubs, "plan": _run_plan, "infer": _run_infer,
+                "aggregate": _run_aggregate, "plot": _run_plot}
     try:
         return handlers[args.command](args)
     except GraphStoreError as exc:

@@ -18,9 +18,16 @@ ALLOWED = {
     "nn": {"sample"},
     # The loaders join the stages into epochs (what trainers and users iterate); nothing
     # below them may import them, and they do not reach for the user-facing modules.
-    "loaders": {"layout", "buffer", "sample", "nn"},
+    "loaders": {"layout", "buffer", "sample", "nn", "interop"},
+    # Interop hands the sampler's boundary (Batch, DENSE) and a store to PyG and DGL. It
+    # needs nothing of the loaders (it reads a batch's fields), so the loaders' batches may
+    # delegate to_pyg()/to_dgl() to it, as they use nn: one direction, no cycle.
+    "interop": {"layout", "buffer", "sample"},
     # Whole-graph inference streams the store through the layers' partial form.
     "inference": {"layout", "buffer", "sample", "nn"},
+    # Full-batch training across ranks (SAR, domain parallel) reads the store by partition
+    # and runs the layers' partial form; it never sees the loaders.
+    "distributed": {"layout", "buffer", "sample", "nn"},
     # The conformance suite exercises every registry and the loaders.
     "testing": {"layout", "buffer", "sample", "nn", "loaders"},
 }
@@ -74,7 +81,7 @@ def test_the_wheel_ships_no_trainers_or_tools():
 def test_every_module_has_a_place_in_the_layering():
     # The user-facing top: what `import graphstore` and the command line expose; they may
     # import anything, and nothing in a stage may import them.
-    top = {"__init__", "__main__", "dataset", "cli"}
+    top = {"__init__", "__main__", "dataset", "cli", "plot"}
     for path in sorted(PACKAGE.iterdir()):
         name = path.stem if path.suffix == ".py" else path.name
         if path.name.startswith((".", "__pycache__")) or (path.is_file() and path.suffix != ".py"):

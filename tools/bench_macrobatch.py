@@ -15,6 +15,11 @@ Systems
   mini-batches' input rows fetched once, in rounds of at most ``--macro-batch-bytes``.
 * ``graphstore-macrobatch`` with a feature cache (``--cache-bytes``) at ``--cache-at`` B:
   ``belady`` and ``lru`` (the same samples: the rows asked for are equal; compare hits).
+* ``graphstore-macrobatch-B1-aggregated``, ``-B{cache-at}-aggregated``: BatchGNN's aggregation
+  cache (``graphstore aggregate STORE --op mean``, computed once before the runs, its time
+  recorded): the first GraphSage layer reads each input node's stored mean of all its
+  in-neighbours with its own row, so only ``fanouts[:-1]`` are sampled and the outermost
+  hop's rows are never read. Not the same computation: that layer sees every neighbour.
 * ``graphstore-macrobatch-Ball-uncapped``: B = all in one round, no cap: the rows and bytes
   macro-batching fetches when the whole union fits in memory.
 * ``graphstore-memory``: scheme ``minibatch``, the whole store resident, no cap.
@@ -77,8 +82,13 @@ def child_graphstore(spec: dict) -> dict:
 
     t0 = time.perf_counter()
     store = graphstore.open(spec["store"])
-    kw = {"fanouts": spec["fanouts"], "batch_size": spec["batch_size"], "scheme": spec["scheme"],
-          "seed": spec["seed"], "prefetch": True}
+    # With the aggregation cache the first layer reads the stored aggregate: the outermost
+    # hop (fanouts[-1]) is neither sampled nor fetched.
+    aggregated = spec.get("aggregated")
+    kw = {"fanouts": spec["fanouts"][:-1] if aggregated else spec["fanouts"], "batch_size": spec["batch_size"],
+          "scheme": spec["scheme"], "seed": spec["seed"], "prefetch": True}
+    if aggregated:
+        kw["aggregated"] = aggregated
     if spec["scheme"] == "macrobatch":
         kw.update(macro_batches=spec["macro_batches"], macro_batch_bytes=spec["macro_batch_bytes"])
     cache_kw = ({"feature_cache_bytes": spec["cache_bytes"], "feature_cache": spec["cache"],
@@ -91,7 +101,8 @@ def child_graphstore(spec: dict) -> dict:
     setup_s = time.perf_counter() - t0
 
     def step(batch) -> tuple[int, int]:
-        loss = F.cross_entropy(model(batch.features, batch.dense), batch.labels, ignore_index=-1)
+        out = model(batch.features, batch.dense, aggregated=batch.aggregated)
+        loss = F.cross_entropy(out, batch.labels, ignore_index=-1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -124,7 +135,7 @@ def child_graphstore(spec: dict) -> dict:
         correct = seen = 0
         with torch.no_grad():
             for batch in ev.epoch(0, lookahead=False):
-                pred = model(batch.features, batch.dense).argmax(1)
+                pred = model(batch.features, batch.dense, aggregated=batch.aggregated).argmax(1)
                 mask = batch.labels >= 0
                 correct += int((pred[mask] == batch.labels[mask]).sum())
                 seen += int(mask.sum())
@@ -162,6 +173,10 @@ def parse_args(argv):
     ap.add_argument("--cache-at", type=int, default=8, help="B of the cache rows")
     ap.add_argument("--cache-lookahead", type=int, default=8,
                     help="mini-batches the belady row samples ahead (their samples count against the cap)")
+    ap.add_argument("--aggregate-bytes", default="2GiB",
+                    help="walk memory of `graphstore aggregate` when the store has no mean aggregate yet (a "
+                         "one-time step before training, run uncapped; at the walk's floor it rereads "
+                         "partitions many times)")
     ap.add_argument("--dgl-workers", type=int, default=4)
     ap.add_argument("--dgl-python", default=None)
     ap.add_argument("--dgl-venv", default=str(REPO / ".venv-dgl"))
@@ -179,6 +194,7 @@ def parse_args(argv):
 
     args.macro_batch_bytes = parse_byte_size(args.macro_batch_bytes)
     args.cache_bytes = parse_byte_size(args.cache_bytes)
+    args.aggregate_bytes = parse_byte_size(args.aggregate_bytes)
     args.targets = args.targets or (10000 if args.quick else 100000)
     args.eval_targets = args.eval_targets or (1000 if args.quick else 5000)
     args.fanouts = [int(f) for f in args.fanouts.split(",")]
@@ -197,12 +213,34 @@ def systems(args) -> list[dict]:
     rows += [dict(macro, system=f"{MACRO}-B{'all' if b == -1 else b}", macro_batches=b) for b in args.macro_batches]
     rows += [dict(macro, system=f"{MACRO}-B{args.cache_at}-{cache}", macro_batches=args.cache_at, cache=cache,
                   cache_bytes=args.cache_bytes, cache_lookahead=args.cache_lookahead) for cache in ("belady", "lru")]
+    # BatchGNN's aggregation cache: the first layer reads each input node's stored mean of all
+    # its in-neighbours, so the outermost hop is neither sampled nor read.
+    rows += [dict(macro, system=f"{MACRO}-B{b}-aggregated", macro_batches=b, aggregated="mean")
+             for b in (1, args.cache_at)]
     # B = all in one round, without the cap: what macro-batching fetches when the union fits.
     rows += [dict(macro, system=f"{MACRO}-Ball-uncapped", macro_batches=-1, macro_batch_bytes=None, capped=False)]
     rows += [{"system": MEMORY, "scheme": "minibatch", "capped": False},
              {"system": DGL, "scheme": "dgl", "capped": True, "num_workers": args.dgl_workers, "madvise_random": True}]
     wanted = None if args.systems is None else set(args.systems.split(","))
     return [r for r in rows if wanted is None or r["system"] in wanted]
+
+
+def ensure_aggregate(path: Path, store, op: str, *, buffer_bytes: int, log) -> dict:
+    """The store's stored ``op`` aggregate (``graphstore aggregate``), computed once and kept
+    (its record says how long it took, in ``buffer_bytes`` of walk memory, uncapped)."""
+    from graphstore.inference import aggregate_store, min_buffer_bytes
+    from graphstore.nn import AggregationModel
+
+    record = store.aggregates.get(op)
+    if record is not None:
+        return {**record, "reused": True}
+    # Two partitions at least (the walk's floor: the quick store's partitions are large).
+    buffer_bytes = max(buffer_bytes, min_buffer_bytes(AggregationModel(op, store.feature_dim), store))
+    log(f"{path}: computing the {op} aggregate of every node (graphstore aggregate, {buffer_bytes >> 20} MiB)")
+    store.close()
+    record = aggregate_store(path, op, buffer_bytes=buffer_bytes)
+    log(f"{path}: {record['array']} in {record['seconds']:.1f} s, {record['bytes_read'] / 2**30:.2f} GiB read")
+    return {**record, "reused": False, "buffer_bytes": buffer_bytes}
 
 
 def summarize(row: dict) -> dict:
@@ -259,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     train, test = ooc.choose_targets(store, seed=args.seed, targets=args.targets, eval_targets=args.eval_targets)
     files = ooc.write_targets(args.workdir, f"macro_{tag}", train, test)
     rows = systems(args)
+    aggregate = None
+    if any(r.get("aggregated") for r in rows):
+        aggregate = ensure_aggregate(args.store, store, "mean", buffer_bytes=args.aggregate_bytes, log=log)
+        store = graphstore.open(args.store)
     dgl_files = ooc.prepare_dgl_inputs(store, args.store, args.workdir) if any(r["scheme"] == "dgl" for r in rows) \
         else None
     dgl_py, dgl_why = ooc.find_dgl_python(args, log) if dgl_files else (None, None)
@@ -298,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name}: killed by the {cap_bytes >> 20} MiB cap; again under {caps[-1] >> 20} MiB "
                 "(the cap, its int64 structure and 512 MiB)")
         row = {"system": name, "macro_batches": r.get("macro_batches"), "cache": r.get("cache"),
+               "aggregated": r.get("aggregated"),
                "mem_cap_bytes": cap_bytes, "returncode": run["returncode"], "oom_kills": run["oom_kills"],
                "cgroup_peak_bytes": run["cgroup_peak_bytes"], "child_seconds": run["seconds"]}
         if result is None:
@@ -329,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": benchkit.command_line("tools/bench_macrobatch.py", argv), "quick": args.quick,
               "runs": runs, "store": ooc.store_info(store, args.store, "main"), "quick_store": quick_store,
               "feature_bytes": feature_bytes, "mem_cap_bytes": cap, "features_vs_cap": feature_bytes / cap,
-              "dgl_wide_cap_bytes": wide_cap, "dd_runs": dd,
+              "dgl_wide_cap_bytes": wide_cap, "dd_runs": dd, "aggregate": aggregate,
               "dd_bytes_per_s": statistics.median(d["bytes_per_s"] for d in dd),
               "settings": {"targets": args.targets, "eval_targets": args.eval_targets, "epochs": args.epochs,
                            "fanouts": args.fanouts, "fanouts_order": "fanouts[0] is the hop nearest the targets",

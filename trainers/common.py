@@ -229,6 +229,10 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], where: P
         if key in RUN_ONLY:
             continue
         if saved.get(key) != current.get(key):
+            if key == "world_size":  # not a flag: torchrun's --nproc-per-node (absent: one process)
+                raise ConfigError(f"{where}: the checkpoint was written by {saved.get(key) or 1} rank(s), this run has "
+                                  f"{current.get(key) or 1}; resume with torchrun --nproc-per-node "
+                                  f"{saved.get(key) or 1} (each rank's share of an epoch depends on it)")
             flag = "--" + key.replace("_", "-")
             raise ConfigError(f"{where}: the checkpoint was written with {flag} {saved.get(key)!r}, this run "
                               f"has {current.get(key)!r}; resume with the same options or start a new "

@@ -46,6 +46,20 @@ resumed run sets the same rates.
 
 The ``final`` metrics are the last epoch's; ``best`` are those of the epoch with the best
 validation accuracy (the usual model selection), both in the metrics JSON.
+
+Data parallel: ``torchrun --nproc-per-node N trainers/node_classification.py ...`` trains
+every scheme with `DistributedDataParallel` (`graphstore.distributed.data_parallel`; gloo on
+CPU, NCCL with ``--device cuda``, each rank on ``cuda:LOCAL_RANK``). Each rank's loaders
+yield a disjoint share of every epoch (a contiguous block of the buffer states when the
+plan has at least N, as megabatch and disk do; else every N-th batch, as minibatch,
+microbatch and macrobatch do); ``--batch-size`` is per rank, a step trains one batch of
+every rank with the mean loss over their union, and a rank with fewer batches pads with
+zero-weight steps. Sampled evaluation is split the same way and its sums all-reduced; the
+exact evaluation (deterministic) is computed by every rank, so none waits on another
+through a long collective. Only rank 0 prints, writes the metrics and the checkpoints;
+every rank reads the checkpoint on ``--resume``, which continues exactly (the world size
+is part of the recorded configuration). A rank that raises prints ``rank R: ...`` and
+exits at once, and torchrun stops the others.
 """
 
 from __future__ import annotations
@@ -53,6 +67,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -65,10 +80,19 @@ from torch.nn import functional as F
 import graphstore
 from graphstore.errors import ConfigError
 from graphstore.buffer import POLICIES as POLICY_REGISTRY
-from graphstore.inference import InferenceStats, infer_layerwise, min_buffer_bytes
+from graphstore.distributed.comm import fail_fast, init_process_group
+from graphstore.distributed.data_parallel import (
+    all_reduce_values,
+    dropout_salt,
+    equal_steps,
+    node_classification_backward,
+    rank_and_world,
+    wrap_model,
+)
+from graphstore.inference import AGGREGATE_INPUTS, InferenceStats, infer_layerwise, min_buffer_bytes
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import NodeLoader, NodeLoaderSettings
-from graphstore.nn import GNN, layer_degrees, micro_batch_backward, normalize_rows, step_estimator
+from graphstore.nn import AGGREGATE_FOR, GNN, layer_degrees, micro_batch_backward, normalize_rows, step_estimator
 from graphstore.sample import STRATEGIES as STRATEGY_REGISTRY
 
 try:
@@ -129,6 +153,10 @@ class NodeClassificationOptions(CommonOptions):
     cache_lookahead: int = option(
         32, type=positive_int, metavar="K",
         help="macrobatch: mini-batches sampled ahead for the belady cache (their samples are held in memory)")
+    aggregation_cache: bool = option(
+        False, help="macrobatch, sage/gcn/gin: the first layer reads every input node's stored aggregate of "
+                    "all its in-neighbours (BatchGNN; `graphstore aggregate STORE --op mean|gcn|sum` first) "
+                    "instead of the last hop's samples, whose fanout is then unused")
     policy: str | None = option(None, choices=POLICIES, help="buffer policy (default by scheme): "
                                 + POLICY_REGISTRY.help_text(lambda p: p.task in ("node", "both")))
     reuse: int | None = option(None, type=positive_int, help="passes over each mega-batch (megabatch default 2)")
@@ -180,6 +208,17 @@ class NodeClassificationOptions(CommonOptions):
                                             or self.feature_cache_bytes is not None):
             raise ConfigError("--macro-batches, --macro-batch-bytes and --feature-cache-bytes are for "
                               "--scheme macrobatch")
+        if self.aggregation_cache:
+            if self.scheme != "macrobatch":
+                raise ConfigError("--aggregation-cache is for --scheme macrobatch (it reads rows from the store)")
+            if self.model not in AGGREGATE_FOR:
+                raise ConfigError(f"--aggregation-cache takes --model {'|'.join(AGGREGATE_FOR)}: a {self.model} "
+                                  "layer is not linear in a neighbour sum")
+            if len(self.fanouts) < 2:
+                raise ConfigError("--aggregation-cache needs at least 2 layers (the first takes the aggregate, "
+                                  "the others sample)")
+            if self.micro_batching:
+                raise ConfigError("--aggregation-cache does not combine with micro-batching")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +240,8 @@ class NodeClassificationConfig:
     the microbatch scheme, which is minibatch plus the split)."""
     loaders: Mapping[str, NodeLoaderSettings] | None = None
     """Each loader's settings by split, once the loaders exist."""
+    world_size: int = 1
+    """Data-parallel ranks (torchrun's ``WORLD_SIZE``); a resumed run needs the same."""
 
     @property
     def num_layers(self) -> int:
@@ -217,6 +258,8 @@ class NodeClassificationConfig:
                    eval_scheme=self.eval_scheme, store=str(self.options.store))
         if self.loaders is not None:
             out["loaders"] = {name: settings.to_dict() for name, settings in self.loaders.items()}
+        if self.world_size != 1:  # absent from one-process records, old ones included
+            out["world_size"] = self.world_size
         return out
 
 
@@ -228,7 +271,13 @@ def prepare(batch, args: NodeClassificationOptions | None):
     """The batch as the model sees it: input rows row-normalised with ``--normalize-features row``."""
     if args is None or getattr(args, "normalize_features", "none") == "none":
         return batch
+    # Stored aggregates were computed from normalised rows already (checked in make_loaders).
     return dataclasses.replace(batch, features=normalize_rows(batch.features.float()))
+
+
+def _on(rows: torch.Tensor | None, device) -> torch.Tensor | None:
+    """``rows`` on ``device`` (None stays None: a batch without stored aggregates)."""
+    return None if rows is None else rows.to(device, non_blocking=True)
 
 
 def epoch_lr(args: NodeClassificationOptions, epoch: int) -> float:
@@ -264,22 +313,35 @@ def resolve_config(args: NodeClassificationOptions, store) -> NodeClassification
 
 
 def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificationConfig,
-                 model: GNN | None = None) -> dict[str, NodeLoader]:
+                 model: GNN | None = None, *, rank: int = 0) -> dict[str, NodeLoader]:
     """The train loader (with micro-batching when asked; a budget needs ``model`` for its
-    step-memory estimate) and the valid and test loaders."""
+    step-memory estimate) and the valid and test loaders; with ``config.world_size > 1``,
+    rank ``rank``'s share of each (`graphstore.loaders.shard`)."""
     common_kw = dict(scheme=config.loader_scheme, policy=args.policy, capacity=args.buffer_partitions,
                      buffer_bytes=args.buffer_bytes, static_cache=args.static_cache, seed=args.seed,
-                     prefetch=args.prefetch)
+                     prefetch=args.prefetch, rank=rank, world_size=config.world_size)
     micro_kw = {}
     if args.micro_batching:
         micro_kw = dict(micro_batches=args.micro_batches, micro_batch_budget=args.micro_batch_budget,
                         micro_strategy=args.micro_strategy,
                         step_estimator=step_estimator(model) if args.micro_batch_budget is not None else None)
+    fanouts, eval_fanouts = args.fanouts, config.eval_fanouts
     if args.scheme == "macrobatch":
         micro_kw.update(macro_batches=args.macro_batches, macro_batch_bytes=args.macro_batch_bytes,
                         feature_cache_bytes=args.feature_cache_bytes, feature_cache=args.feature_cache,
                         cache_lookahead=args.cache_lookahead)
-    loaders = {"train": NodeLoader(store, split="train", fanouts=args.fanouts, batch_size=args.batch_size,
+    if args.aggregation_cache:
+        op = AGGREGATE_FOR[args.model]
+        record = store.aggregates.get(op)
+        wanted = AGGREGATE_INPUTS[int(args.normalize_features == "row")]
+        if record is not None and record["input"] != wanted:
+            raise ConfigError(f"{store.path}: {record['array']} aggregates {record['input']}, but training reads "
+                              f"{wanted} (--normalize-features {args.normalize_features}); run `graphstore "
+                              f"aggregate {store.path} --op {op} --normalize-features {args.normalize_features}`")
+        # The outermost hop (the first layer's) is the stored aggregate: not sampled.
+        fanouts, eval_fanouts = fanouts[:-1], eval_fanouts[:-1]
+        common_kw["aggregated"] = op
+    loaders = {"train": NodeLoader(store, split="train", fanouts=fanouts, batch_size=args.batch_size,
                                    reuse=args.reuse, shuffle=True, **dict(common_kw, scheme=args.scheme),
                                    **micro_kw)}
     eval_kw = dict(common_kw, seed=args.seed + 1)
@@ -288,11 +350,15 @@ def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificat
                        static_cache=None)
     if config.eval_scheme == "exact":
         return loaders  # evaluation streams the store itself (`evaluate_exact`)
+    if config.eval_scheme != "macrobatch" and "aggregated" in eval_kw:
+        # Evaluation in memory samples every hop itself (with every neighbour, the same model).
+        del eval_kw["aggregated"]
+        eval_fanouts = config.eval_fanouts
     for split in ("valid", "test"):
         # reuse=1 and no shuffle: every target exactly once. A distinct seed keeps evaluation's
         # neighbour samples independent of training's (only matters with sampled fanouts).
         kw = eval_kw
-        loaders[split] = NodeLoader(store, split=split, fanouts=config.eval_fanouts,
+        loaders[split] = NodeLoader(store, split=split, fanouts=eval_fanouts,
                                     batch_size=config.eval_batch_size, reuse=1, shuffle=False, **kw)
     return loaders
 
@@ -304,8 +370,11 @@ def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, see
     over them (weighted by their share of the labelled targets: the same update as the
     whole batch) before the one optimizer step."""
     model.train()
-    # Dropout draws from torch's global generator: seeded per epoch so a resumed run replays it.
-    common.seed_everything(common.epoch_seed(seed, epoch, salt=11))
+    # Dropout draws from torch's global generator: seeded per epoch so a resumed run replays
+    # it (per rank too: rank 0's stream is a single process's, the others' their own).
+    common.seed_everything(common.epoch_seed(seed, epoch, salt=dropout_salt(rank_and_world()[0])))
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return _train_epoch_data_parallel(model, optimizer, loader, epoch, device, args)
     total, count = 0.0, 0
     # An epoch's batches are a function of (seed, epoch) alone, whatever the buffer kept
     # from the previous epoch (graphstore.loaders), so a resumed run replays it exactly.
@@ -320,7 +389,8 @@ def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, see
             degrees = layer_degrees(batch.dense)[0] if args is not None and args.model == "gcn" else None
             loss = micro_batch_backward(model, batch, list(batch.micro_batches), degrees=degrees, device=device)
         else:
-            out = model(batch.features.to(device, non_blocking=True), batch.dense.to(device))
+            out = model(batch.features.to(device, non_blocking=True), batch.dense.to(device),
+                        aggregated=_on(batch.aggregated, device))
             loss = F.cross_entropy(out, labels, ignore_index=-1)
             loss.backward()
         optimizer.step()
@@ -332,6 +402,30 @@ def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, see
     return total / count, count
 
 
+def _train_epoch_data_parallel(model, optimizer, loader: NodeLoader, epoch: int, device,
+                               args: NodeClassificationOptions | None) -> tuple[float, int]:
+    """`train_epoch` of one rank under DDP: every rank takes part in ``num_steps`` steps
+    (padded after its last batch with zero-weight steps, `equal_steps`), each the mean loss
+    over the step's targets on all ranks (`node_classification_backward`); returns the
+    epoch's mean loss and targets over all ranks."""
+    total, count = 0.0, 0
+    steps = loader.num_steps(epoch)
+    batches = equal_steps(loader.epoch(epoch), loader.num_batches(epoch), steps)
+    for batch, weight in common.progress(batches, desc=f"epoch {epoch}", total=steps):
+        batch = prepare(batch, args)
+        optimizer.zero_grad(set_to_none=True)
+        gcn = batch.micro_batches is not None and args is not None and args.model == "gcn"
+        loss_sum, n = node_classification_backward(model, batch, weight=weight, device=device,
+                                                   degrees=layer_degrees(batch.dense)[0] if gcn else None)
+        optimizer.step()
+        total += loss_sum
+        count += n
+    total, count = all_reduce_values([total, count], device)
+    if count == 0:
+        raise ConfigError("the train split has no labelled node in any batch; check the store's splits")
+    return total / count, int(count)
+
+
 @torch.no_grad()
 def evaluate(model, loader: NodeLoader, epoch: int, device,
              args: NodeClassificationOptions | None = None) -> dict[str, float]:
@@ -341,12 +435,15 @@ def evaluate(model, loader: NodeLoader, epoch: int, device,
     correct, seen, loss_sum = 0, 0, 0.0
     for batch in loader.epoch(epoch):
         batch = prepare(batch, args)
-        logits = model(batch.features.to(device), batch.dense.to(device))
+        logits = model(batch.features.to(device), batch.dense.to(device), aggregated=_on(batch.aggregated, device))
         labels = batch.labels.to(device)
         mask = labels >= 0
         correct += int((logits[mask].argmax(1) == labels[mask]).sum())
         loss_sum += float(F.cross_entropy(logits[mask], labels[mask], reduction="sum")) if mask.any() else 0.0
         seen += int(mask.sum())
+    if rank_and_world()[1] > 1:  # each rank evaluated its share of the split
+        correct, seen, loss_sum = all_reduce_values([correct, seen, loss_sum], device)
+        correct, seen = int(correct), int(seen)
     expected = loader.settings.num_targets
     if seen != expected:
         raise ConfigError(f"evaluation on {loader.split!r} saw {seen} labelled targets, expected {expected} "
@@ -385,30 +482,51 @@ def evaluate_exact(model, store, capacity: int, args: NodeClassificationOptions,
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = NodeClassificationOptions.parse(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Under torchrun: any error prints one line naming the rank and exits at once, and
+        # torchrun then stops the other ranks (no rank left waiting in a collective).
+        status = fail_fast(_train)(args)
+        torch.distributed.destroy_process_group()
+        return status
+    return _train(args)
+
+
+def _train(args: NodeClassificationOptions) -> int:
     common.configure_logging(args.verbose)
     device = common.resolve_device(args.device)
+    rank, world = 0, 1
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        rank, world = init_process_group(device)
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())  # LOCAL_RANK's, set by the group
+    say = print if rank == 0 else (lambda *a, **k: None)
     store = graphstore.open(args.store)
     try:  # the store's locks are released when the run ends, however it ends
         if not store.manifest.has_features or not store.manifest.has_labels:
             raise ConfigError(f"{args.store}: node classification needs features and labels "
                               f"(features: {store.manifest.has_features}, labels: {store.manifest.has_labels})")
-        config = resolve_config(args, store)
-        common.seed_everything(args.seed)  # model initialisation
+        config = dataclasses.replace(resolve_config(args, store), world_size=world)
+        common.seed_everything(args.seed)  # model initialisation (the same on every rank)
         model = GNN(args.model, in_dim=store.feature_dim, hidden_dim=args.hidden, out_dim=store.num_classes,
                     num_layers=len(args.fanouts), dropout=args.dropout, heads=args.heads).to(device)
         # After the model: a micro-batch budget is checked against its step-memory estimate.
         # (Building the loaders draws nothing from torch's global generator, and every epoch
         # reseeds it, so the order changes no result.)
-        loaders = make_loaders(store, args, config, model)
+        loaders = make_loaders(store, args, config, model, rank=rank)
         config = dataclasses.replace(config, loaders={name: loader.settings for name, loader in loaders.items()})
         s = loaders["train"].settings
-        print(f"{PROG}: {store}")
-        print(f"scheme {s.scheme}: policy {s.policy}, {s.capacity} of {s.num_partitions} partitions "
-              f"resident, static cache {s.static_cache_nodes} nodes ({s.static_cache_fraction:g}), "
-              f"reuse {s.reuse}, fanouts {list(s.fanouts)}; evaluation: scheme {config.eval_scheme}, fanouts "
-              f"{list(config.eval_fanouts)} ({config.eval_fanouts_rule})", flush=True)
+        say(f"{PROG}: {store}" + (f" ({world} ranks, DistributedDataParallel)" if world > 1 else ""))
+        say(f"scheme {s.scheme}: policy {s.policy}, {s.capacity} of {s.num_partitions} partitions "
+            f"resident, static cache {s.static_cache_nodes} nodes ({s.static_cache_fraction:g}), "
+            f"reuse {s.reuse}, fanouts {list(s.fanouts)}; evaluation: scheme {config.eval_scheme}, fanouts "
+            f"{list(config.eval_fanouts)} ({config.eval_fanouts_rule})", flush=True)
+        if s.aggregated is not None:
+            say(f"aggregation cache: the first layer reads {store.aggregates[s.aggregated]['array']} "
+                f"(every in-neighbour) in place of the outermost hop's samples", flush=True)
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-        metrics = common.MetricsWriter(args.metrics_out, task="node_classification", config=config.to_dict())
+        # Rank 0 alone writes the metrics and the checkpoints; every rank reads one to resume.
+        metrics = common.MetricsWriter(args.metrics_out if rank == 0 else None, task="node_classification",
+                                       config=config.to_dict())
         ckpt = common.Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None
 
         start_epoch, history, resumed_from = 0, [], None
@@ -423,15 +541,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             optimizer.load_state_dict(state["optimizer"])
             common.set_rng_state(state["rng"])
             start_epoch, history, resumed_from = state["epoch"] + 1, state["history"], state["epoch"]
-            print(f"resumed from {path} (epoch {state['epoch']} done)", flush=True)
+            say(f"resumed from {path} (epoch {state['epoch']} done)", flush=True)
 
         best = max(history, key=lambda h: h["valid"]["acc"], default=None)
+        # After resuming: DDP broadcasts rank 0's parameters, which every rank loaded anyway.
+        trained = wrap_model(model, device) if world > 1 else model
         for epoch in range(start_epoch, args.epochs):
             t0 = time.perf_counter()
             lr = epoch_lr(args, epoch)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss, n = train_epoch(model, optimizer, loaders["train"], epoch, device, seed=args.seed, args=args)
+            loss, n = train_epoch(trained, optimizer, loaders["train"], epoch, device, seed=args.seed, args=args)
             common.finite_or_raise(loss, epoch)
             t1 = time.perf_counter()
             if config.eval_scheme == "exact":
@@ -453,10 +573,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             history.append(record)
             if best is None or valid["acc"] > best["valid"]["acc"]:
                 best = record
-            print(f"epoch {epoch + 1}/{args.epochs}  loss {loss:.4f}  valid acc {valid['acc']:.4f}  "
-                  f"test acc {test['acc']:.4f}  {t1 - t0:.2f} s (+{t2 - t1:.2f} s eval)  "
-                  f"read {common.mib(io['bytes_read'])}  stall {io['stall_s']:.2f} s", flush=True)
-            if ckpt is not None:
+            say(f"epoch {epoch + 1}/{args.epochs}  loss {loss:.4f}  valid acc {valid['acc']:.4f}  "
+                f"test acc {test['acc']:.4f}  {t1 - t0:.2f} s (+{t2 - t1:.2f} s eval)  "
+                f"read {common.mib(io['bytes_read'])}  stall {io['stall_s']:.2f} s", flush=True)
+            if ckpt is not None and rank == 0:
                 ckpt.save(epoch, {"epoch": epoch, "model": model.state_dict(),
                                   "optimizer": optimizer.state_dict(), "rng": common.rng_state(),
                                   "history": history, "config": config.to_dict()})
@@ -470,9 +590,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics.write(epochs=history, resumed_from=resumed_from,
                       final={"epoch": last["epoch"], "valid": last["valid"], "test": last["test"]},
                       best={"epoch": best["epoch"], "valid": best["valid"], "test": best["test"]})
-        print(f"final: valid acc {last['valid']['acc']:.4f}  test acc {last['test']['acc']:.4f}  "
-              f"(best valid at epoch {best['epoch'] + 1}: test acc {best['test']['acc']:.4f})  "
-              f"peak memory {common.mib(common.peak_memory_bytes())}", flush=True)
+        say(f"final: valid acc {last['valid']['acc']:.4f}  test acc {last['test']['acc']:.4f}  "
+            f"(best valid at epoch {best['epoch'] + 1}: test acc {best['test']['acc']:.4f})  "
+            f"peak memory {common.mib(common.peak_memory_bytes())}", flush=True)
         return 0
     finally:
         store.close()

@@ -256,7 +256,8 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
                     work_dir: str | Path | None = None, keep: bool = False, nodes: np.ndarray | None = None,
                     seed: int = 0, stats: InferenceStats | None = None, prefetch: bool = True,
                     input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                    input_rows: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
+                    input_rows: Callable[[int], np.ndarray] | None = None,
+                    output: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray | None:
     """Every layer of ``model`` over the whole graph of ``store``, exactly (all neighbours,
     global in-degrees for GCN), out of core.
 
@@ -291,12 +292,17 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
     input_rows : callable, optional
         ``k -> [P_k, in_dim]`` the first layer's input rows of partition k, instead of the
         store's features (e.g. learnable embeddings: ``table.read_partition(k)[:, 0]``).
+    output : callable, optional
+        ``(k, rows) -> None``, called with each partition's last-layer rows (float32
+        [P_k, out_dim], checksum-verified) in partition order, instead of returning the
+        whole result: the output of a graph larger than memory streams to its destination
+        (``graphstore aggregate`` writes it into the store). Not with ``nodes``.
 
     Returns
     -------
-    numpy.ndarray
+    numpy.ndarray or None
         float32 [len(nodes) or N, out_dim]: the last layer's output (logits, or node
-        embeddings for a link-prediction encoder).
+        embeddings for a link-prediction encoder); None with ``output``.
     """
     if input_rows is None and not store.manifest.has_features:
         raise ConfigError(f"{store.path}: layer-wise inference needs the store's features")
@@ -304,6 +310,8 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
         raise ConfigError(f"{store.path}: an RGCN needs edge relations; the store has none")
     if capacity is not None and buffer_bytes is not None:
         raise ConfigError("give capacity (partitions) or buffer_bytes (a byte budget), not both")
+    if output is not None and nodes is not None:
+        raise ConfigError("give nodes (return their rows) or output (stream every partition), not both")
     p, P = store.num_partitions, store.partition_size
     if capacity is not None and capacity < min(2, p):
         raise ConfigError(f"capacity must be at least 2 partitions (got {capacity})")
@@ -332,6 +340,10 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
                 source.path.unlink()
             source = target
             stats.per_layer_seconds.append(time.perf_counter() - t0)
+        if output is not None:
+            for k in range(p):
+                output(k, source.read(k))
+            return None
         source.close()
         out = source.rows()
         result = np.array(out if nodes is None else out[np.asarray(nodes, dtype=np.int64)])

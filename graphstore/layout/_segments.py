@@ -13,7 +13,7 @@ with one checksum per piece it is read in (`graphstore.layout._chunkio.SegmentTa
       nodes/<array>                   [p] uint32    partition k: rows [k*P, min((k+1)*P, N))
                                       (labels, orig_id, store_id, degrees)
       nodes/features                  [S] uint32    block s: rows [bounds[s], bounds[s+1]), the
-                                      blocks of about BLOCK_BYTES that tile each partition
+      nodes/aggregated_<op>                         blocks of about BLOCK_BYTES that tile each partition
                                       and each chunk (`block_bounds`)
       hubs/edges/src, dst, rel        [p+1] uint32  hub segment g: rows [offsets[g], offsets[g+1])
                                       of the hub group's edge copy (`graphstore.layout._hubs`)
@@ -81,7 +81,11 @@ def segment_arrays(group: zarr.Group) -> dict[str, str]:
             if not isinstance(member, zarr.Array) or (names is not None and name not in names):
                 continue
             if np.dtype(member.dtype).kind in "biuf":
-                kinds[f"{prefix}/{name}"] = "blocks" if f"{prefix}/{name}" == "nodes/features" else kind
+                full = f"{prefix}/{name}"
+                # Feature-like rows (the features, their stored aggregates) are read as
+                # scattered row sets, so they get blocks.
+                blocks = full == "nodes/features" or full.startswith("nodes/aggregated_")
+                kinds[full] = "blocks" if blocks else kind
     return kinds
 
 

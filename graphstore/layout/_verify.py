@@ -256,5 +256,6 @@ def store_summary(path: str | os.PathLike) -> dict[str, Any]:
         "bytes_on_disk": _bytes_on_disk(store.path),
         "arrays": arrays,
         "segment_checksums": store.verifies_partial_reads,
+        "aggregates": store.aggregates,
         "created_by": m.created_by,
     }

@@ -22,6 +22,7 @@ import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
@@ -35,6 +36,7 @@ from graphstore.errors import (
     StoreVersionError,
     UnverifiedReadsWarning,
 )
+from graphstore.layout._aggregates import AGGREGATE_OPS, AGGREGATES_KEY, aggregate_array
 from graphstore.layout._chunkio import ArrayLayout, ReadStats, shared_reader
 from graphstore.layout._hubs import HubIndex, read_hub_index
 from graphstore.layout._lock import StoreLock
@@ -165,6 +167,8 @@ class Store:
             expected["nodes/labels"] = ((n,), "int32")
         if m.has_relations:
             expected["edges/rel"] = ((e,), "int32")
+        for record in self.aggregates.values():
+            expected[record["array"]] = ((n, m.feature_dim), "float32")
         for name, kind in m.split_kinds.items():
             count = m.splits[name]
             if kind == "nodes":
@@ -340,6 +344,18 @@ class Store:
         if stats is not None:
             stats.add(done)
         return out
+
+    @property
+    def aggregates(self) -> dict[str, dict[str, Any]]:
+        """The stored neighbour aggregates of the features (``graphstore aggregate``), by op
+        (``"mean"``, ``"sum"``, ``"gcn"``): each a record with its ``array`` name, the
+        ``input`` it aggregated and the ``degrees`` it used (`graphstore.layout._aggregates`)."""
+        records = self.manifest.extra.get(AGGREGATES_KEY, {})
+        if not isinstance(records, dict) or any(
+                op not in AGGREGATE_OPS or not isinstance(r, dict) or r.get("array") != aggregate_array(op)
+                for op, r in records.items()):
+            raise StoreError(f"{self.path}: manifest field extra.{AGGREGATES_KEY} is malformed ({records!r:.200})")
+        return records
 
     @property
     def features(self) -> zarr.Array | None:

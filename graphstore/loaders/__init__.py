@@ -8,6 +8,9 @@ stages (`stages`), each with one job and typed items in and out::
     StructureWalk -> NodeTargets -> NeighbourSampling -> MacroBatchGather     (macrobatch)
     Planner -> BufferWalk -> EdgeTargets -> Negatives [-> EdgeNeighbourSampling]
 
+With ``rank`` and ``world_size`` a node loader yields one data-parallel rank's share of
+each epoch (`shard`: a block of the buffer states, or every N-th batch).
+
 Every choice a loader makes is in its ``settings`` (printed and recorded by the trainers).
 Randomness comes from ``(seed, epoch)`` alone (`seeds`), so an epoch can be replayed (the
 trainers' ``--resume`` relies on it).
@@ -18,6 +21,7 @@ from graphstore.loaders.edge import EdgeLoader
 from graphstore.loaders.node import NodeLoader
 from graphstore.loaders.schemes import SCHEMES, Scheme
 from graphstore.loaders.settings import EdgeLoaderSettings, LoaderSettings, NodeLoaderSettings
+from graphstore.loaders.shard import Shard
 
 __all__ = [
     "SCHEMES",
@@ -30,4 +34,5 @@ __all__ = [
     "NodeLoader",
     "NodeLoaderSettings",
     "Scheme",
+    "Shard",
 ]

@@ -14,6 +14,7 @@ from graphstore.errors import ConfigError, OutOfCoreWarning
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
 from graphstore.loaders.schemes import SCHEMES, Scheme
+from graphstore.loaders.shard import Shard
 from graphstore.loaders.stages import BufferWalk, EpochContext, Planner, Stage, StructureWalk, run_stages
 
 __all__ = ["BufferedLoader"]
@@ -66,7 +67,8 @@ class BufferedLoader:
     def __init__(self, store: Store, *, scheme: str, policy: str | None, capacity: int | None,
                  buffer_bytes: int | None, seed: int, prefetch: bool, embedding_dim: int = 0,
                  cache_fraction: float | None = 0.0, policy_options: dict[str, Any] | None = None,
-                 train_partitions: Sequence[int] = (), embeddings: EmbeddingTable | None = None) -> None:
+                 train_partitions: Sequence[int] = (), embeddings: EmbeddingTable | None = None,
+                 shard: Shard | None = None) -> None:
         self.scheme_spec = resolve_scheme(scheme, self.task)
         if capacity is not None and buffer_bytes is not None:
             raise ConfigError("give the buffer as partitions (capacity) or as bytes (buffer_bytes), not both")
@@ -95,7 +97,7 @@ class BufferedLoader:
         self.planner = Planner(store, self.policy, self.capacity, self.seed, self._plan_options())
         if self.scheme_spec.resident_features:
             self.walk = BufferWalk(store, self.planner, prefetch=self.prefetch, embedding_dim=embedding_dim,
-                                   cache=self.cache, embeddings=embeddings)
+                                   cache=self.cache, embeddings=embeddings, shard=shard)
         else:  # features stay in the store: the structure alone, built once
             self.walk = StructureWalk(store)
 

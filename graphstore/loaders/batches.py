@@ -25,6 +25,11 @@ class NodeBatch(Batch):
     """Under micro-batching (the ``microbatch`` scheme, or ``micro_batches=`` with another):
     the batch's micro-batches, whose gradients accumulate into one update
     (`graphstore.nn.micro_batch_backward`); else None."""
+    aggregated: torch.Tensor | None = None
+    """float [N, D] with the loader's ``aggregated``: the stored aggregate of each
+    ``dense.node_ids`` entry's in-neighbours' input rows (BatchGNN's aggregation cache), for
+    ``model(features, dense, aggregated=...)``; ``dense`` then has one hop fewer than the
+    model has layers. Else None."""
 
     @property
     def store_ids(self) -> torch.Tensor:
@@ -44,6 +49,23 @@ class NodeBatch(Batch):
         """int64 [N], resident in-degree of each ``dense.node_ids`` entry (GCN's normalisation;
         the whole graph's in-degree under the minibatch scheme)."""
         return self.graph.indptr.diff()[self.dense.node_ids]
+
+    def to_pyg(self):
+        """This batch as the ``torch_geometric.data.Data`` PyG's sampled training expects
+        (`graphstore.interop.pyg.to_pyg`: ``x``, ``edge_index``, ``y``, ``batch_size``,
+        ``num_sampled_nodes``/``num_sampled_edges``, targets first). Needs ``graphstore[pyg]``."""
+        # Imported here: torch_geometric is an optional extra, loaded only when asked for.
+        from graphstore.interop.pyg import to_pyg
+
+        return to_pyg(self)
+
+    def to_dgl(self, *, self_loops: bool = False):
+        """This batch as DGL's message-flow-graph blocks, ``blocks[0]`` the input layer
+        (`graphstore.interop.dgl.to_dgl`; ``self_loops`` for DGL's GATConv). Needs
+        ``graphstore[dgl]``."""
+        from graphstore.interop.dgl import to_dgl
+
+        return to_dgl(self, self_loops=self_loops)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +106,18 @@ class EdgeBatch:
     order; the encoder's outputs come in this order (`index` maps into it)."""
     index: EdgeIndex | None = None
     """With fanouts: positions of ``src``, ``dst`` and the negatives in ``nodes``."""
+
+    def to_pyg(self):
+        """This batch (sampled with fanouts) as PyG's ``Data``: the neighbourhood of
+        ``nodes``, targets first, with the positive pairs and each positive's shared
+        negatives (`graphstore.interop.pyg.to_pyg`). Needs ``graphstore[pyg]``."""
+        from graphstore.interop.pyg import to_pyg
+
+        return to_pyg(self)
+
+    def to_dgl(self, *, self_loops: bool = False):
+        """This batch (sampled with fanouts) as DGL's ``(pos_graph, neg_graph, blocks)``
+        (`graphstore.interop.dgl.to_dgl`). Needs ``graphstore[dgl]``."""
+        from graphstore.interop.dgl import to_dgl
+
+        return to_dgl(self, self_loops=self_loops)

@@ -79,18 +79,29 @@ class FetchStats:
 
 class FeatureFetch:
     """Rows of ``nodes/features`` for ascending store ids, through the store's verified
-    scattered reads (`Store.read_row_set`: the ~4 KiB blocks holding them)."""
+    scattered reads (`Store.read_row_set`: the ~4 KiB blocks holding them); with
+    ``aggregated``, each row followed by the same node's stored aggregate
+    (``nodes/aggregated_<op>``, read the same way), so a row is ``[x_v | agg_v]``."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, aggregated: str | None = None) -> None:
         if not store.manifest.has_features:
             raise ConfigError(f"{store.path}: macro-batching reads feature rows; the store has none")
         self.store = store
-        self.dim = store.feature_dim
+        self.arrays = ["nodes/features"]
+        if aggregated is not None:
+            if aggregated not in store.aggregates:
+                raise ConfigError(f"{store.path}: no stored {aggregated} aggregate of the features; "
+                                  f"run `graphstore aggregate {store.path} --op {aggregated}`")
+            self.arrays.append(store.aggregates[aggregated]["array"])
+        self.feature_dim = store.feature_dim
+        self.dim = store.feature_dim * len(self.arrays)
+        """Width of a fetched row."""
 
     def __call__(self, ids: np.ndarray, stats: FetchStats) -> np.ndarray:
-        """float32 [len(ids), D]: the rows of ``ids`` (ascending, distinct)."""
+        """[len(ids), dim]: the rows of ``ids`` (ascending, distinct)."""
         read = RowSetStats()
-        out = self.store.read_row_set("nodes/features", ids, stats=read)
+        parts = [self.store.read_row_set(name, ids, stats=read) for name in self.arrays]
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         stats.blocks_read += read.blocks
         stats.requests += read.requests
         stats.bytes_read += read.bytes_read
@@ -113,13 +124,19 @@ class _Round:
     union: np.ndarray
     sampled: list
     ids: list[np.ndarray]
+    feature_dim: int
+    """Columns of ``rows`` that are features; the rest, if any, the stored aggregates."""
 
     def batches(self) -> Iterator[NodeBatch]:
         for s, mine in zip(self.sampled, self.ids):
             g = s.graph
-            features = self.rows.index_select(0, torch.from_numpy(np.searchsorted(self.union, mine)))
+            rows = self.rows.index_select(0, torch.from_numpy(np.searchsorted(self.union, mine)))
             labels = g.labels.index_select(0, s.dense.targets).long()
-            yield NodeBatch(s.dense, features, labels, g)
+            if rows.shape[1] == self.feature_dim:
+                yield NodeBatch(s.dense, rows, labels, g)
+            else:
+                d = self.feature_dim
+                yield NodeBatch(s.dense, rows[:, :d], labels, g, aggregated=rows[:, d:])
 
 
 _END = object()
@@ -162,18 +179,23 @@ class MacroBatchGather:
     cache_lookahead : int
         Mini-batches sampled ahead so a Belady cache knows their rows (whole macro-batches:
         ``ceil(cache_lookahead / B)`` of them are held, sampled, beyond the current one).
+    aggregated : str, optional
+        Also read each row's stored neighbour aggregate (``mean``, ``sum`` or ``gcn``;
+        `FeatureFetch`) into the batches' ``aggregated``.
     """
 
     def __init__(self, store: Store, *, macro_batches: int, macro_batch_bytes: int | None = None,
                  prefetch: bool = True, cache: FeatureCache | None = None,
-                 cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD) -> None:
+                 cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD, aggregated: str | None = None) -> None:
         if macro_batches == 0 or macro_batches < -1:
             raise ConfigError(f"macro_batches must be >= 1, or -1 for all (got {macro_batches})")
         if macro_batch_bytes is not None and macro_batch_bytes < 1:
             raise ConfigError(f"macro_batch_bytes must be >= 1 (got {macro_batch_bytes})")
         if cache_lookahead < 0:
             raise ConfigError(f"cache_lookahead must be >= 0 (got {cache_lookahead})")
-        self.fetch = FeatureFetch(store)
+        self.fetch = FeatureFetch(store, aggregated)
+        if cache is not None and cache.dim != self.fetch.dim:
+            raise ConfigError(f"the feature cache holds rows of width {cache.dim}; the fetch reads {self.fetch.dim}")
         self.macro_batches, self.macro_batch_bytes, self.prefetch = macro_batches, macro_batch_bytes, prefetch
         self.cache, self.cache_lookahead = cache, cache_lookahead
         self.stats = FetchStats()
@@ -297,9 +319,8 @@ class MacroBatchGather:
             start = stop
         return rounds
 
-    @staticmethod
-    def _round(macro: _Macro, start: int, stop: int, union: np.ndarray, rows: torch.Tensor,
+    def _round(self, macro: _Macro, start: int, stop: int, union: np.ndarray, rows: torch.Tensor,
                stats: FetchStats) -> _Round:
         stats.mini_batches += stop - start
         stats.rows_requested += sum(int(mine.size) for mine in macro.ids[start:stop])
-        return _Round(rows, union, macro.sampled[start:stop], macro.ids[start:stop])
+        return _Round(rows, union, macro.sampled[start:stop], macro.ids[start:stop], self.fetch.feature_dim)

@@ -16,6 +16,7 @@ from graphstore.loaders.feature_cache import FeatureCache
 from graphstore.loaders.macro import DEFAULT_CACHE_LOOKAHEAD, MacroBatchGather
 from graphstore.loaders.schemes import SCHEMES
 from graphstore.loaders.settings import NodeLoaderSettings
+from graphstore.loaders.shard import Shard
 from graphstore.loaders.stages import (
     GatherRows,
     MicroBatchSplit,
@@ -84,6 +85,12 @@ class NodeLoader(BufferedLoader):
         this many bytes of rows, kept by ``feature_cache`` (``"belady"``, the default,
         over the next ``cache_lookahead`` mini-batches, which are sampled ahead; or
         ``"lru"``); it lasts across epochs (`graphstore.loaders.feature_cache`).
+    aggregated : str, optional
+        The ``macrobatch`` scheme reads, with each input row, the node's stored aggregate
+        of its in-neighbours' features (``"mean"``, ``"sum"`` or ``"gcn"``: ``graphstore
+        aggregate``) into ``batch.aggregated``, BatchGNN's aggregation cache. ``fanouts``
+        then name one hop fewer than the model has layers: its first layer takes the
+        aggregate instead of a sampled last hop (`graphstore.nn.GNN`).
     micro_batches, micro_batch_budget : int, optional
         Split every batch into K micro-batches, or into the fewest whose training step
         fits the budget in bytes by ``step_estimator`` (Betty); required by the
@@ -93,6 +100,11 @@ class NodeLoader(BufferedLoader):
     step_estimator : callable, optional
         ``DenseSizes -> bytes`` of a training step (`graphstore.nn.step_estimator(model)`),
         needed with ``micro_batch_budget``.
+    rank, world_size : int
+        Data parallelism: this loader yields rank ``rank``'s share of every epoch among
+        ``world_size`` ranks (its block of the buffer states when the plan has at least
+        ``world_size`` of them, else every ``world_size``-th batch; `graphstore.loaders.shard`).
+        ``num_batches`` is then this rank's, ``num_steps`` the most any rank has.
 
     Examples
     --------
@@ -115,7 +127,8 @@ class NodeLoader(BufferedLoader):
                  step_estimator: Callable[[DenseSizes], int] | None = None,
                  macro_batches: int | str | None = None, macro_batch_bytes: int | None = None,
                  feature_cache_bytes: int | None = None, feature_cache: str = "belady",
-                 cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD) -> None:
+                 cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD, aggregated: str | None = None,
+                 rank: int = 0, world_size: int = 1) -> None:
         if not store.manifest.has_labels:
             raise ConfigError(f"{store.path}: node classification needs labels; the store has none")
         if int(batch_size) < 1:
@@ -137,12 +150,17 @@ class NodeLoader(BufferedLoader):
         if static_cache is None and not default_policy_cache:
             static_cache = 0.0  # only HierBatching has a static cache by default
         self.reuse = int(reuse) if reuse is not None else (scheme_spec.reuse if scheme_spec else 1)
+        shard = Shard(int(rank), int(world_size))  # checks the pair
+        self.shard = shard if shard.world_size > 1 else None
         super().__init__(store, scheme=scheme, policy=policy, capacity=capacity, buffer_bytes=buffer_bytes,
                          seed=seed, prefetch=prefetch, cache_fraction=static_cache,
-                         train_partitions=self.train_partitions)
+                         train_partitions=self.train_partitions, shard=self.shard)
         self.micro = self._micro_stage(micro_batches, micro_batch_budget, micro_strategy, step_estimator)
         self.macro = self._macro_stage(macro_batches, macro_batch_bytes, feature_cache_bytes, feature_cache,
-                                       cache_lookahead)
+                                       cache_lookahead, aggregated)
+        if aggregated is not None and self.micro is not None:
+            raise ConfigError("aggregated rows and micro-batching do not combine yet: the micro-batch split "
+                              "does not carry batch.aggregated")
         self.settings = NodeLoaderSettings(
             **self._common_settings(), split=self.split, fanouts=self.fanouts, batch_size=self.batch_size,
             reuse=self.reuse, shuffle=shuffle, num_targets=int(self.targets.size),
@@ -153,14 +171,15 @@ class NodeLoader(BufferedLoader):
             macro_batch_bytes=macro_batch_bytes if self.macro else None,
             feature_cache_bytes=feature_cache_bytes if self.macro else None,
             feature_cache=feature_cache if self.macro and feature_cache_bytes is not None else None,
-            cache_lookahead=cache_lookahead if self.macro and feature_cache_bytes is not None else None)
+            cache_lookahead=cache_lookahead if self.macro and feature_cache_bytes is not None else None,
+            aggregated=aggregated, world_size=None if self.shard is None else self.shard.world_size)
 
     def _macro_stage(self, macro_batches: int | str | None, budget: int | None, cache_bytes: int | None,
-                     cache_policy: str, lookahead: int) -> MacroBatchGather | None:
+                     cache_policy: str, lookahead: int, aggregated: str | None) -> MacroBatchGather | None:
         if self.scheme_spec.resident_features:
-            if macro_batches is not None or budget is not None or cache_bytes is not None:
-                raise ConfigError(f"macro_batches, macro_batch_bytes and feature_cache_bytes are for the "
-                                  f"macrobatch scheme (scheme {self.scheme!r} holds the feature rows it trains on)")
+            if macro_batches is not None or budget is not None or cache_bytes is not None or aggregated is not None:
+                raise ConfigError(f"macro_batches, macro_batch_bytes, feature_cache_bytes and aggregated are for "
+                                  f"the macrobatch scheme (scheme {self.scheme!r} holds the feature rows it trains on)")
             return None
         if macro_batches is None:
             macro_batches = DEFAULT_MACRO_BATCHES
@@ -168,9 +187,10 @@ class NodeLoader(BufferedLoader):
             macro_batches = -1
         elif not isinstance(macro_batches, int) or isinstance(macro_batches, bool):
             raise ConfigError(f"macro_batches must be a positive integer or 'all' (got {macro_batches!r})")
-        cache = None if cache_bytes is None else FeatureCache(self.store.feature_dim, cache_bytes, cache_policy)
+        width = self.store.feature_dim * (1 if aggregated is None else 2)  # [x_v | agg_v] rows
+        cache = None if cache_bytes is None else FeatureCache(width, cache_bytes, cache_policy)
         return MacroBatchGather(self.store, macro_batches=macro_batches, macro_batch_bytes=budget,
-                                prefetch=self.prefetch, cache=cache, cache_lookahead=lookahead)
+                                prefetch=self.prefetch, cache=cache, cache_lookahead=lookahead, aggregated=aggregated)
 
     @property
     def fetch_stats(self):
@@ -204,18 +224,30 @@ class NodeLoader(BufferedLoader):
         """The stages after the buffer walk, in order."""
         stages: list[Stage] = [
             NodeTargets(self.targets, partition_size=self.store.partition_size, batch_size=self.batch_size,
-                        shuffle=self.shuffle, passes=self._passes),
+                        shuffle=self.shuffle, passes=self._passes, shard=self.shard),
             NeighbourSampling(self.fanouts, direction=self.direction),
             GatherRows() if self.macro is None else self.macro,
         ]
         return stages + ([self.micro] if self.micro is not None else [])
 
     def num_batches(self, epoch: int) -> int:
-        """Batches of ``epoch`` (with ``reuse`` passes; states cut batches separately)."""
+        """Batches of ``epoch`` (with ``reuse`` passes; states cut batches separately); with
+        ``world_size > 1``, this rank's."""
+        per_state = self._state_batches(epoch)
+        if self.shard is None:
+            return sum(per_state)
+        return self.shard.batch_counts(per_state, by_states=self.shard.by_states(len(per_state)))[self.shard.rank]
+
+    def num_steps(self, epoch: int) -> int:
+        """Optimizer steps of ``epoch``: `num_batches`, or with ``world_size > 1`` the most
+        batches any rank has (a rank with fewer pads with zero-weight steps)."""
+        return sum(self._state_batches(epoch)) if self.shard is None else self.shard.steps(self._state_batches(epoch))
+
+    def _state_batches(self, epoch: int) -> list[int]:
+        """Batches of each state of ``epoch``'s plan, all ranks together."""
         plan = self.plan(epoch)
         per_state = plan.target_states(self.targets // self.store.partition_size)
-        return sum(passes * math.ceil(len(mine) / self.batch_size)
-                   for mine, passes in zip(per_state, self._passes(plan)))
+        return [passes * math.ceil(len(mine) / self.batch_size) for mine, passes in zip(per_state, self._passes(plan))]
 
     def _passes(self, plan: EpochPlan) -> list[int]:
         passes = getattr(plan, "passes", None)

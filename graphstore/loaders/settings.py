@@ -151,15 +151,22 @@ class NodeLoaderSettings(LoaderSettings):
     """Its policy (``belady`` or ``lru``), with a cache."""
     cache_lookahead: int | None = None
     """Mini-batches a Belady cache sees ahead, with a cache."""
+    aggregated: str | None = None
+    """The stored neighbour aggregate read with the features (BatchGNN's aggregation cache:
+    ``mean``, ``sum`` or ``gcn``), or None."""
+    world_size: int | None = None
+    """Data-parallel ranks sharing each epoch (`graphstore.loaders.shard`; the rank itself is
+    not recorded: every rank's record is the same), or None for one process."""
 
     _KINDS: ClassVar[dict[str, str]] = {
         "split": _STR, "fanouts": _INTS, "batch_size": _INT, "reuse": _INT, "shuffle": _BOOL,
         "num_targets": _INT, "micro_batches": _INT, "micro_batch_budget": _INT, "micro_strategy": _STR,
         "macro_batches": _INT, "macro_batch_bytes": _INT, "feature_cache_bytes": _INT, "feature_cache": _STR,
-        "cache_lookahead": _INT}
+        "cache_lookahead": _INT, "aggregated": _STR, "world_size": _INT}
     _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"micro_batches", "micro_batch_budget", "micro_strategy",
                                                          "macro_batches", "macro_batch_bytes", "feature_cache_bytes",
-                                                         "feature_cache", "cache_lookahead"})
+                                                         "feature_cache", "cache_lookahead", "aggregated",
+                                                         "world_size"})
 
 
 @dataclass(frozen=True, slots=True)

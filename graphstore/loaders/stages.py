@@ -16,8 +16,11 @@ another's draws. `run_stages` chains them and closes every stage when the consum
 so the buffer is closed (and embeddings written back) however the epoch ends.
 
 Macro-batching is `graphstore.loaders.macro.MacroBatchGather` in place of `GatherRows`.
-New schemes (distributed sharding, ``to_pyg()``/``to_dgl()``) are new
-stages in this chain, not branches inside one generator.
+New schemes (``to_pyg()``/``to_dgl()``) are new stages in this chain, not branches inside
+one generator. Data-parallel sharding (`graphstore.loaders.shard`) is a `Shard` given to
+the first two stages rather than a filter stage after them: `BufferWalk` loads only the
+rank's block of states and `NodeTargets` keeps only the rank's batches, so a rank reads and
+samples nothing another rank trains.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
 from graphstore.loaders.batches import EdgeBatch, EdgeIndex, NodeBatch
 from graphstore.loaders.seeds import epoch_generator, epoch_seed
+from graphstore.loaders.shard import Shard
 from graphstore.sample import DENSE, Batch, choose_micro_batches, sample_dense, split_dense
 from graphstore.sample.dense import new_workspace
 from graphstore.sample.microbatch import DenseSizes
@@ -146,18 +150,30 @@ class BufferWalk:
     the background), with the slot memory allocated once for the run."""
 
     def __init__(self, store: Store, planner: Planner, *, prefetch: bool, embedding_dim: int,
-                 cache: StaticCache | None, embeddings: EmbeddingTable | None = None) -> None:
+                 cache: StaticCache | None, embeddings: EmbeddingTable | None = None,
+                 shard: Shard | None = None) -> None:
         self.store, self.planner, self.prefetch = store, planner, prefetch
         self.embedding_dim, self.cache, self.embeddings = embedding_dim, cache, embeddings
+        self.shard = shard
         self.memory: BufferMemory | None = None
         self.epoch_stats: list[BufferStats] = []
 
+    def _mine(self, plan: EpochPlan) -> range:
+        """The plan's states this rank loads (all of them without a shard)."""
+        return range(len(plan.states)) if self.shard is None else self.shard.states(len(plan.states))
+
     def states(self, ctx: EpochContext, *, lookahead: bool) -> Iterator[LoadedState]:
-        states = ctx.plan.states
+        # A rank of a data-parallel run loads its block of the states only; each loaded state
+        # keeps its index in the whole plan, which says what it trains.
+        mine = self._mine(ctx.plan)
+        states = [ctx.plan.states[i] for i in mine]
         # The next epoch's first state is read while this epoch's last state trains, as much
         # of it as fits in the slots this epoch needs (the budget counted no more).
-        ahead = lookahead_within(states, self.planner.plan(ctx.epoch + 1).states[0] if lookahead else None,
-                                 prefetch=self.prefetch)
+        following = None
+        if lookahead:
+            nxt = self.planner.plan(ctx.epoch + 1)
+            following = nxt.states[self._mine(nxt)[0]]
+        ahead = lookahead_within(states, following, prefetch=self.prefetch)
         need = slots_needed(list(states) + ([ahead] if ahead else []), prefetch=self.prefetch)
         if self.memory is None or self.memory.num_slots < need:
             # Allocated once for the run (re-allocated only if a later epoch needs more slots).
@@ -167,7 +183,11 @@ class BufferWalk:
         buffer = BufferManager(self.store, states, prefetch=self.prefetch, memory=self.memory,
                                embeddings=self.embeddings, static_cache=self.cache, lookahead=ahead)
         try:
-            yield from buffer
+            if self.shard is None:
+                yield from buffer
+            else:
+                for loaded in buffer:
+                    yield replace(loaded, index=mine[loaded.index])
         finally:
             buffer.close()
             self.epoch_stats.append(buffer.stats)
@@ -205,21 +225,28 @@ class NodeTargets:
     random share), shuffled per pass, cut into batches."""
 
     def __init__(self, targets: np.ndarray, *, partition_size: int, batch_size: int, shuffle: bool,
-                 passes: Callable[[EpochPlan], list[int]]) -> None:
+                 passes: Callable[[EpochPlan], list[int]], shard: Shard | None = None) -> None:
         self.targets, self.partition_size = targets, partition_size
         self.batch_size, self.shuffle, self.passes = batch_size, shuffle, passes
+        self.shard = shard
 
     def __call__(self, states: Iterator[LoadedState], ctx: EpochContext) -> Iterator[TargetBatch]:
         order_gen = ctx.generator(SALT_NODE_ORDER)
         passes = self.passes(ctx.plan)
         per_state = ctx.plan.target_states(self.targets // self.partition_size)
+        # Divided by batches, every rank walks every state and draws the same orders, and
+        # keeps every N-th batch; divided by states, the walk brought this rank's states only.
+        by_batches = self.shard is not None and not self.shard.by_states(len(ctx.plan.states))
+        index = 0
         for loaded in states:
             g = loaded.graph
             local = g.to_local(self.targets[per_state[loaded.index]])
             for _ in range(passes[loaded.index]):
                 ids = local[torch.randperm(local.numel(), generator=order_gen)] if self.shuffle else local
                 for start in range(0, ids.numel(), self.batch_size):
-                    yield TargetBatch(g, ids[start:start + self.batch_size])
+                    if not by_batches or self.shard.takes_batch(index):
+                        yield TargetBatch(g, ids[start:start + self.batch_size])
+                    index += 1
 
 
 class NeighbourSampling:

@@ -12,6 +12,7 @@ from graphstore.nn.aggregate import AGGREGATIONS, AggregationModel, FeatureAggre
 from graphstore.nn.base import LayerView, layer_view, normalize_rows, segment_mean, segment_softmax, segment_sum
 from graphstore.nn.decoders import DECODERS, ComplEx, Decoder, DistMult, HadamardMLP, TransE, link_loss
 from graphstore.nn.layers import (
+    AGGREGATE_FOR,
     GNN,
     LAYERS,
     GATConv,
@@ -42,6 +43,7 @@ from graphstore.nn.step_memory import (
 )
 
 __all__ = [
+    "AGGREGATE_FOR",
     "AGGREGATIONS",
     "DECODERS",
     "GNN",

@@ -62,8 +62,19 @@ from graphstore.nn.base import LayerView, layer_view, segment_mean, segment_soft
 from graphstore.sample.base import DENSE, DenseLayer
 from graphstore.sample.reference import Block
 
-__all__ = ["LAYERS", "GATConv", "GCNConv", "GINConv", "GNN", "PartialAggregate", "PartialSources", "RGCNConv",
-           "SAGEConv", "layer_degrees"]
+__all__ = [
+    "AGGREGATE_FOR",
+    "GNN",
+    "LAYERS",
+    "GATConv",
+    "GCNConv",
+    "GINConv",
+    "PartialAggregate",
+    "PartialSources",
+    "RGCNConv",
+    "SAGEConv",
+    "layer_degrees",
+]
 
 Layer = DenseLayer | Block | LayerView
 
@@ -170,6 +181,11 @@ class SAGEConv(_PartialForm, nn.Module):
         agg = self._aggregated(mean)
         return self.fc_self(h[view.self_rows]) + agg  # the self term: partial_begin's ``own``
 
+    def from_aggregate(self, h: torch.Tensor, aggregated: torch.Tensor) -> torch.Tensor:
+        """The layer given every node's stored mean of all its in-neighbours' rows
+        (``nodes/aggregated_mean``): ``W_self h_v + W_nbr agg_v + b``, rows aligned."""
+        return self.fc_self(h) + self.fc_nbr(aggregated)
+
     def partial_begin(self, h_dst: torch.Tensor, **_) -> PartialAggregate:
         width = self.out_dim if self.in_dim > self.out_dim else self.in_dim
         n = h_dst.shape[0]
@@ -235,6 +251,13 @@ class GCNConv(_PartialForm, nn.Module):
     def _output(self, out: torch.Tensor) -> torch.Tensor:
         if self.in_dim <= self.out_dim:
             out = self.fc(out)
+        return out if self.bias is None else out + self.bias
+
+    def from_aggregate(self, h: torch.Tensor, aggregated: torch.Tensor) -> torch.Tensor:
+        """The layer given every node's stored normalized propagation (``nodes/aggregated_gcn``:
+        the sum over all in-neighbours and the self loop, global degrees): ``W agg_v + b``.
+        ``h`` is not needed (the self loop is in the aggregate); it is taken for a uniform call."""
+        out = self.fc(aggregated)
         return out if self.bias is None else out + self.bias
 
     def partial_begin(self, h_dst: torch.Tensor, *, degrees_dst: torch.Tensor, **_) -> PartialAggregate:
@@ -401,6 +424,11 @@ class GINConv(_PartialForm, nn.Module):
     def _own(self, h_dst: torch.Tensor) -> torch.Tensor:
         return (1 + self.eps) * h_dst
 
+    def from_aggregate(self, h: torch.Tensor, aggregated: torch.Tensor) -> torch.Tensor:
+        """The layer given every node's stored sum of all its in-neighbours' rows
+        (``nodes/aggregated_sum``): ``MLP((1 + eps) h_v + agg_v)``, rows aligned."""
+        return self.mlp(self._own(h) + aggregated)
+
     def partial_begin(self, h_dst: torch.Tensor, **_) -> PartialAggregate:
         # The sum opens with the self term: the block's input rows are not needed after.
         return PartialAggregate(self._own(h_dst))
@@ -504,6 +532,12 @@ class RGCNConv(_PartialForm, nn.Module):
 LAYERS = ("gat", "gcn", "gin", "rgcn", "sage")
 """The layer kinds `GNN` builds."""
 
+AGGREGATE_FOR = {"sage": "mean", "gcn": "gcn", "gin": "sum"}
+"""Layer kind -> the stored aggregate (`graphstore.nn.FeatureAggregate` op) its first layer
+takes in place of its sampled neighbours (`GNN.forward`'s ``aggregated``). GAT's attention
+and RGCN's per-relation weights are not linear in a node-independent neighbour sum, so they
+cannot."""
+
 
 def layer_degrees(structure: DENSE | Sequence[Block]) -> list[torch.Tensor]:
     """Sampled in-degree of every input row of every layer: int64 tensors [num_inputs_k].
@@ -597,7 +631,7 @@ class GNN(nn.Module):
 
     def forward(self, h: torch.Tensor, structure: DENSE | Sequence[Block], *,
                 edge_type: torch.Tensor | Sequence[torch.Tensor] | None = None,
-                degrees: torch.Tensor | None = None) -> torch.Tensor:
+                degrees: torch.Tensor | None = None, aggregated: torch.Tensor | None = None) -> torch.Tensor:
         """Run every layer; returns the targets' rows, float [T, out_dim].
 
         Parameters
@@ -613,6 +647,13 @@ class GNN(nn.Module):
         degrees : int or float tensor [N], GCN only
             In-degree of every node, in the order of ``h``; default the sampled sizes
             (`layer_degrees`).
+        aggregated : float tensor [N, in_dim], optional
+            BatchGNN's aggregation cache (SAGE, GCN, GIN): every input node's stored
+            aggregate of all its in-neighbours' rows (``AGGREGATE_FOR[kind]``), rows aligned
+            with ``h``. The first layer then runs on ``(h, aggregated)`` row by row
+            (``from_aggregate``) and ``structure`` has one hop fewer than the model has
+            layers: the last hop is neither sampled nor read. Semantics: that layer sees every
+            neighbour (GCN: with global degrees), not a sample.
 
         Raises
         ------
@@ -623,7 +664,21 @@ class GNN(nn.Module):
             views = [layer_view(structure.layer(k)) for k in range(structure.num_layers)]
         else:
             views = [layer_view(b) for b in structure]
-        if len(views) != self.num_layers:
+        layers = list(self.layers)
+        if aggregated is not None:
+            if self.kind not in AGGREGATE_FOR:
+                raise ConfigError(f"a {self.kind} model cannot take stored aggregates (only "
+                                  f"{', '.join(AGGREGATE_FOR)}: their first layer is linear in the neighbours)")
+            if aggregated.shape != h.shape:
+                raise ConfigError(f"aggregated must be aligned with h: shape {list(h.shape)} "
+                                  f"(got {list(aggregated.shape)})")
+            h = layers.pop(0).from_aggregate(h, aggregated)
+            if layers:
+                h = self._between(h)
+        if len(views) != len(layers):
+            if aggregated is not None:
+                raise ConfigError(f"with stored aggregates the model's {self.num_layers} layers need "
+                                  f"{len(layers)} sampled hops (got {len(views)})")
             raise ConfigError(f"the model has {self.num_layers} layers but the sample has {len(views)} hops; "
                               f"sample with {self.num_layers} fanouts")
         if self.kind == "rgcn":
@@ -639,15 +694,18 @@ class GNN(nn.Module):
             else:
                 # Block k's src nodes are a prefix of blocks[0].src_nodes (dst nodes come first).
                 per_layer = [degrees[:v.num_inputs] for v in views]
-        for k, (layer, view) in enumerate(zip(self.layers, views)):
+        for k, (layer, view) in enumerate(zip(layers, views)):
             if self.kind == "rgcn":
                 h = layer(h, view, edge_type[k])
             elif self.kind == "gcn":
                 h = layer(h, view, per_layer[k])
             else:
                 h = layer(h, view)
-            if k < self.num_layers - 1:
-                h = self.activation(h)
-                if self.dropout:
-                    h = F.dropout(h, self.dropout, self.training)
+            if k < len(layers) - 1:
+                h = self._between(h)
         return h
+
+    def _between(self, h: torch.Tensor) -> torch.Tensor:
+        """What follows every layer but the last: the activation, then dropout."""
+        h = self.activation(h)
+        return F.dropout(h, self.dropout, self.training) if self.dropout else h

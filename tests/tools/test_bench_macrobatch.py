@@ -19,11 +19,14 @@ def test_every_row_of_the_issue_is_run_and_can_be_chosen():
     names = [r["system"] for r in bm.systems(_args())]
     assert names == ["graphstore-minibatch-disk", "graphstore-macrobatch-B8", "graphstore-macrobatch-B64",
                      "graphstore-macrobatch-Ball", "graphstore-macrobatch-B8-belady", "graphstore-macrobatch-B8-lru",
+                     "graphstore-macrobatch-B1-aggregated", "graphstore-macrobatch-B8-aggregated",
                      "graphstore-macrobatch-Ball-uncapped", "graphstore-memory", "dgl-memmap"]
     rows = {r["system"]: r for r in bm.systems(_args())}
     assert rows["graphstore-minibatch-disk"]["macro_batches"] == 1 and rows["graphstore-memory"]["capped"] is False
     assert rows["graphstore-macrobatch-Ball-uncapped"]["macro_batch_bytes"] is None
     assert rows["graphstore-macrobatch-B8-lru"]["cache"] == "lru"
+    assert rows["graphstore-macrobatch-B1-aggregated"]["aggregated"] == "mean"
+    assert "aggregated" not in rows["graphstore-macrobatch-B8"]
     chosen = bm.systems(_args(systems="dgl-memmap,graphstore-memory"))
     assert [r["system"] for r in chosen] == ["graphstore-memory", "dgl-memmap"]
 

@@ -1,9 +1,10 @@
 """Tests of tools/run_accuracy.py's job bookkeeping (split-seed dataset names, when a run is
 complete, the DGL reference variant) and of tools/reference_dgl.py's export of a real store.
 
-DGL itself is not installed by CI (it needs its own interpreter, tools/bench_sampling.py's
-``.venv-dgl``), so the DGL training is not run here; the export it reads is, through the
-store, and the refusal without a DGL interpreter is checked.
+The reference runs DGL in its own interpreter (``--dgl-python``, e.g. tools/bench_sampling.py's
+``.venv-dgl``); that training is not run here (`tests/interop` trains DGL models through the
+``dgl`` extra `make test` installs); the export it reads is, through the store, and the
+refusal without a DGL interpreter is checked.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ LP = lp.LinkPredictionOptions
 # learnable embeddings, as written by the trainers before their options were dataclasses
 # (argparse namespace + resolve_config's additions + the loaders' settings).
 NC_CONFIG_KEYS = {
-    "batch_size", "buffer_bytes", "buffer_partitions", "checkpoint_dir", "config", "device", "dropout", "epochs",
+    "aggregation_cache", "batch_size", "buffer_bytes", "buffer_partitions", "checkpoint_dir", "config", "device", "dropout", "epochs",
     "eval_batch_size", "eval_fanouts", "eval_fanouts_rule", "eval_scheme", "fanouts", "heads", "hidden",
     "loader_scheme", "loaders", "lr", "lr_schedule", "macro_batch_bytes", "macro_batches", "metrics_out",
     "feature_cache_bytes", "feature_cache", "cache_lookahead", "micro_batch_budget", "micro_batches",
@@ -67,7 +67,7 @@ def test_link_prediction_defaults_and_renamed_flag(tmp_path):
 
 
 @pytest.mark.parametrize("text, needle", [
-    ('hiden = 3\n', "unknown option 'hiden' (known: batch-size, buffer-bytes"),
+    ('hiden = 3\n', "unknown option 'hiden' (known: aggregation-cache, batch-size, buffer-bytes"),
     ('config = "other.toml"\n', "unknown option 'config'"),  # a file does not name another
     ('epochs = "many"\n', "epochs: expected an integer (got 'many')"),
     ('lr = "fast"\n', "lr: cannot read 'fast' as float"),
