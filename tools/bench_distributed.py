@@ -3,6 +3,7 @@ against plain domain parallelism (and fused against unfused GAT), for 1, 2 and 4
 
     .venv/bin/python tools/bench_distributed.py --json docs/benchmarks/distributed.json   # 1M-node graph
     .venv/bin/python tools/bench_distributed.py --quick --json out.json                    # 100k nodes
+    .venv/bin/python tools/bench_distributed.py --quick --batchgnn --json docs/benchmarks/distributed_batchgnn.json
 
 Every case is one ``torchrun --nproc-per-node N`` job on loopback (gloo, one thread per
 rank) training the same seeded 3-layer model on the same METIS-partitioned store:
@@ -25,6 +26,14 @@ layers under autograd). ``MODES`` maps a mode name to the trainer flags that sel
 new mode (``ddp``, ``batchgnn``) is an entry there and, if the trainer path differs, a
 branch in `child`. Times on 2 cores with 4 ranks only show that a case runs; memory and
 exactness are the measurements.
+
+``--batchgnn``: mode ``batchgnn``, data-parallel macro-batching (DDP, ``--scheme
+macrobatch``) with BatchGNN's distributed feature fetch (``--feature-placement
+partitioned``, `graphstore.distributed.feature_fetch`) against every rank reading the store
+(``store``), for B = 1 and B = all (``-1``) on 2 and 4 ranks: one epoch of GraphSAGE, the
+fetch counters summed over the ranks (``rows_fetched_local``/``_remote``: rows of the
+rounds' unions a rank owned / got from their owners; ``bytes_sent``: ids and rows sent to
+other ranks; ``rounds``: collective rounds with requests, and ``padding_rounds``).
 """
 
 from __future__ import annotations
@@ -51,6 +60,8 @@ MODES = {
     "sar": ("sar", "chunk"),
     "sar_unfused": ("sar", None),
     "domain_parallel": ("domain_parallel", None),
+    # data-parallel macro-batching; edge_chunk unused ("--batchgnn", `batchgnn_child`)
+    "batchgnn": ("batchgnn", None),
 }
 """The cases a model can run; ``--modes`` picks among them."""
 DEFAULT_CASES = {"sage": ("sar", "domain_parallel"), "gat": ("sar", "sar_unfused", "domain_parallel")}
@@ -75,6 +86,12 @@ def parse_args(argv):
     p.add_argument("--accuracy", action="store_true",
                    help="instead of memory: full-batch GraphSage on Cora, CiteSeer and Amazon Photo, 1 and 2 ranks")
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="the real datasets")
+    p.add_argument("--batchgnn", action="store_true",
+                   help="instead of full batch: macrobatch under DDP, features partitioned or from the store, "
+                        "B = 1 and all, on the --world-sizes above 1")
+    p.add_argument("--placements", default="partitioned,store", help="--batchgnn: feature placements")
+    p.add_argument("--batch-size", type=int, default=1024, help="--batchgnn: mini-batch targets per rank")
+    p.add_argument("--fanouts", default="10,5", help="--batchgnn: fanouts (layers)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -82,8 +99,109 @@ def parse_args(argv):
 # ---------------------------------------------------------------------- one rank
 
 
+def batchgnn_child(spec: dict) -> None:
+    """One rank of a ``batchgnn`` case: one epoch of macrobatch under DDP, its fetch counters."""
+    import torch
+    import torch.distributed as dist
+
+    from graphstore.distributed import PartitionedFetch, fail_fast, init_process_group, wrap_model
+    from graphstore.layout.store import open_store
+    from graphstore.loaders import NodeLoader
+    from graphstore.nn import GNN
+    from trainers import node_classification as nc
+
+    @fail_fast
+    def run() -> int:
+        torch.set_num_threads(1)
+        rank, world = init_process_group("cpu", timeout_s=spec["timeout"])
+        store = open_store(spec["store"])
+        t0 = time.perf_counter()
+        fetch = PartitionedFetch(store, timeout_s=spec["timeout"]) if spec["placement"] == "partitioned" else None
+        load_s = time.perf_counter() - t0
+        loader = NodeLoader(store, split="train", fanouts=spec["fanouts"], batch_size=spec["batch_size"],
+                            scheme="macrobatch", macro_batches=spec["macro_batches"], seed=0, rank=rank,
+                            world_size=world, feature_fetch=fetch)
+        torch.manual_seed(0)
+        model = GNN(spec["model"], in_dim=store.feature_dim, hidden_dim=spec["hidden"], out_dim=store.num_classes,
+                    num_layers=len(spec["fanouts"]), dropout=0.5)
+        ddp = wrap_model(model)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        dist.barrier()
+        start = time.perf_counter()
+        nc.train_epoch(ddp, optimizer, loader, 0, torch.device("cpu"), seed=0)
+        epoch_s = time.perf_counter() - start
+        s = loader.fetch_stats
+        row = torch.tensor([s.rows_local, s.rows_remote, s.bytes_sent, s.exchanges, s.padding_exchanges, s.rounds,
+                            s.macro_batches, s.mini_batches, s.rows_requested, s.rows_union, s.bytes_read,
+                            fetch.rows_held if fetch is not None else 0, benchkit.vm_hwm_bytes()], dtype=torch.int64)
+        rows = [torch.zeros_like(row) for _ in range(world)]
+        dist.all_gather(rows, row)
+        times = torch.tensor([epoch_s, load_s], dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            c = list(zip(*[r.tolist() for r in rows]))
+            Path(spec["out"]).write_text(json.dumps({
+                "rows_fetched_local": sum(c[0]), "rows_fetched_remote": sum(c[1]), "bytes_sent": sum(c[2]),
+                "rounds": sum(c[3]), "rounds_per_rank": list(c[3]), "padding_rounds": sum(c[4]),
+                "macro_batch_rounds": sum(c[5]), "macro_batches_fetched": sum(c[6]), "mini_batches": sum(c[7]),
+                "rows_requested": sum(c[8]), "rows_union": sum(c[9]), "store_bytes_read": sum(c[10]),
+                "feature_rows_held_per_rank": list(c[11]), "rss_bytes_per_rank": list(c[12]),
+                "epoch_s": float(times[0]), "load_s": float(times[1])}))
+        dist.destroy_process_group()
+        return 0
+
+    run()
+
+
+def run_batchgnn(store: Path, args) -> list[dict]:
+    work = args.workdir / "cases"
+    work.mkdir(parents=True, exist_ok=True)
+    fanouts = [int(f) for f in args.fanouts.split(",")]
+    cases = []
+    for world in [int(w) for w in args.world_sizes.split(",") if int(w) > 1]:
+        for placement in args.placements.split(","):
+            for b in (1, -1):
+                name = f"batchgnn_{placement}_{world}_B{b}"
+                spec = {"mode": "batchgnn", "store": str(store), "model": "sage", "hidden": args.hidden,
+                        "fanouts": fanouts, "batch_size": args.batch_size, "macro_batches": b,
+                        "placement": placement, "timeout": args.timeout, "out": str(work / f"{name}.json")}
+                env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+                cmd = [str(TORCHRUN), "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
+                       "--master-port", str(free_port()), str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+                done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
+                                      check=False)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{name} failed: {done.stderr[-1500:]}")
+                c = {"mode": "batchgnn", "model": "sage", "world_size": world, "feature_placement": placement,
+                     "macro_batches": "all" if b == -1 else b, **json.loads(Path(spec["out"]).read_text())}
+                cases.append(c)
+                print(f"batchgnn {placement} x{world} B={c['macro_batches']}: remote rows "
+                      f"{c['rows_fetched_remote']:,}, local {c['rows_fetched_local']:,}, sent "
+                      f"{c['bytes_sent'] / 2**20:.1f} MiB, {c['rounds']} rounds, {c['epoch_s']:.1f} s", flush=True)
+    return cases
+
+
+def batchgnn_goals(cases: list[dict]) -> dict:
+    """Remote rows (and all rows fetched) with B = 1 over B = all, per world size."""
+    out = {}
+    for world in sorted({c["world_size"] for c in cases}):
+        pick = {c["macro_batches"]: c for c in cases
+                if c["world_size"] == world and c["feature_placement"] == "partitioned"}
+        if 1 in pick and "all" in pick:
+            one, every = pick[1], pick["all"]
+            out[f"fetch_reduction_{world}"] = {
+                "remote_rows_B1_over_Ball": one["rows_fetched_remote"] / max(every["rows_fetched_remote"], 1),
+                "rows_B1_over_Ball": one["rows_union"] / max(every["rows_union"], 1),
+                "bytes_sent_B1_over_Ball": one["bytes_sent"] / max(every["bytes_sent"], 1),
+                "paper": "BatchGNN: 2.5-7.8x fewer fetches"}
+    return out
+
+
 def child(spec: dict) -> None:
     """One rank of a case (under torchrun): three training steps as the module docstring says."""
+    if spec["mode"] == "batchgnn":
+        batchgnn_child(spec)
+        return
     import torch
     import torch.distributed as dist
 
@@ -320,6 +438,20 @@ def main(argv=None) -> int:
                                         "machine": benchkit.machine_record("cpu", "cores", "python", "torch")})
         return 0
     store = args.store or synthetic(args.workdir, 100_000 if args.quick else 1_000_000)
+    if args.batchgnn:
+        import graphstore
+
+        with graphstore.open(store) as s:
+            graph = {"store": str(store), "num_nodes": s.num_nodes, "num_edges": s.num_edges,
+                     "num_partitions": s.num_partitions, "feature_dim": s.feature_dim,
+                     "train_nodes": int(s.read_node_split("train").size)}
+        cases = run_batchgnn(store, args)
+        benchkit.write_json(args.json, {
+            "graph": graph, "settings": {"model": "sage", "hidden": args.hidden, "fanouts": args.fanouts,
+                                         "batch_size_per_rank": args.batch_size, "epochs": 1, "dtype": "float32"},
+            "cases": cases, "goals": batchgnn_goals(cases), "command": benchkit.command_line(__file__, argv),
+            "machine": benchkit.machine_record("cpu", "cores", "mem_total_bytes", "python", "torch")})
+        return 0
     import graphstore
 
     with graphstore.open(store) as s:

@@ -78,7 +78,6 @@ import torch
 from torch.nn import functional as F
 
 import graphstore
-from graphstore.errors import ConfigError
 from graphstore.buffer import POLICIES as POLICY_REGISTRY
 from graphstore.distributed.comm import fail_fast, init_process_group
 from graphstore.distributed.data_parallel import (
@@ -89,10 +88,19 @@ from graphstore.distributed.data_parallel import (
     rank_and_world,
     wrap_model,
 )
+from graphstore.distributed.feature_fetch import PLACEMENTS, PartitionedFetch
+from graphstore.errors import ConfigError
 from graphstore.inference import AGGREGATE_INPUTS, InferenceStats, infer_layerwise, min_buffer_bytes
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import NodeLoader, NodeLoaderSettings
-from graphstore.nn import AGGREGATE_FOR, GNN, layer_degrees, micro_batch_backward, normalize_rows, step_estimator
+from graphstore.nn import (
+    AGGREGATE_FOR,
+    GNN,
+    layer_degrees,
+    micro_batch_backward,
+    normalize_rows,
+    step_estimator,
+)
 from graphstore.sample import STRATEGIES as STRATEGY_REGISTRY
 
 try:
@@ -157,6 +165,11 @@ class NodeClassificationOptions(CommonOptions):
         False, help="macrobatch, sage/gcn/gin: the first layer reads every input node's stored aggregate of "
                     "all its in-neighbours (BatchGNN; `graphstore aggregate STORE --op mean|gcn|sum` first) "
                     "instead of the last hop's samples, whose fanout is then unused")
+    feature_placement: str = option(
+        "store", choices=PLACEMENTS,
+        help="macrobatch under torchrun: every rank reads its rows from the store (store), or each rank "
+             "holds its block of partitions' rows in memory and fetches a round's others from their "
+             "owners in one collective round (partitioned; BatchGNN's distributed fetch)")
     policy: str | None = option(None, choices=POLICIES, help="buffer policy (default by scheme): "
                                 + POLICY_REGISTRY.help_text(lambda p: p.task in ("node", "both")))
     reuse: int | None = option(None, type=positive_int, help="passes over each mega-batch (megabatch default 2)")
@@ -208,6 +221,12 @@ class NodeClassificationOptions(CommonOptions):
                                             or self.feature_cache_bytes is not None):
             raise ConfigError("--macro-batches, --macro-batch-bytes and --feature-cache-bytes are for "
                               "--scheme macrobatch")
+        if self.feature_placement == "partitioned":
+            if self.scheme != "macrobatch":
+                raise ConfigError("--feature-placement partitioned is for --scheme macrobatch")
+            if not self.prefetch:
+                raise ConfigError("--feature-placement partitioned fetches in the prefetch thread; drop "
+                                  "--no-prefetch")
         if self.aggregation_cache:
             if self.scheme != "macrobatch":
                 raise ConfigError("--aggregation-cache is for --scheme macrobatch (it reads rows from the store)")
@@ -260,6 +279,8 @@ class NodeClassificationConfig:
             out["loaders"] = {name: settings.to_dict() for name, settings in self.loaders.items()}
         if self.world_size != 1:  # absent from one-process records, old ones included
             out["world_size"] = self.world_size
+        if out["feature_placement"] == "store":  # the default: absent, so old records compare equal
+            del out["feature_placement"]
         return out
 
 
@@ -341,9 +362,16 @@ def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificat
         # The outermost hop (the first layer's) is the stored aggregate: not sampled.
         fanouts, eval_fanouts = fanouts[:-1], eval_fanouts[:-1]
         common_kw["aggregated"] = op
+    fetch_kw = {}
+    if args.feature_placement == "partitioned":
+        if config.world_size < 2:
+            raise ConfigError("--feature-placement partitioned is for 2 or more ranks (torchrun --nproc-per-node N)")
+        # One fetch (one copy of this rank's rows, one process group) for every loader: their
+        # epochs run one after another, so their collective rounds never overlap.
+        fetch_kw["feature_fetch"] = PartitionedFetch(store, common_kw.get("aggregated"))
     loaders = {"train": NodeLoader(store, split="train", fanouts=fanouts, batch_size=args.batch_size,
                                    reuse=args.reuse, shuffle=True, **dict(common_kw, scheme=args.scheme),
-                                   **micro_kw)}
+                                   **micro_kw, **fetch_kw)}
     eval_kw = dict(common_kw, seed=args.seed + 1)
     if config.eval_scheme != config.loader_scheme:  # the buffer flags describe the training scheme
         eval_kw.update(scheme=config.eval_scheme, policy=None, capacity=None, buffer_bytes=None,
@@ -357,7 +385,7 @@ def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificat
     for split in ("valid", "test"):
         # reuse=1 and no shuffle: every target exactly once. A distinct seed keeps evaluation's
         # neighbour samples independent of training's (only matters with sampled fanouts).
-        kw = eval_kw
+        kw = dict(eval_kw, **fetch_kw) if config.eval_scheme == "macrobatch" else eval_kw
         loaders[split] = NodeLoader(store, split=split, fanouts=eval_fanouts,
                                     batch_size=config.eval_batch_size, reuse=1, shuffle=False, **kw)
     return loaders

@@ -9,6 +9,8 @@ over the other ranks' rows one rank at a time and rematerializes them in backwar
 and gradient all-reduce; `comm` the process group, ring exchanges and error handling.
 `data_parallel`: the loaders' schemes under DistributedDataParallel (each rank a disjoint
 share of every epoch, steps padded to equal counts, the union's mean loss).
+`feature_fetch`: BatchGNN's distributed fetch for macro-batching (each rank holds its
+partitions' feature rows; a round's union comes from the owners in one collective round).
 """
 
 from graphstore.distributed.batchnorm import distributed_batch_norm
@@ -21,6 +23,7 @@ from graphstore.distributed.data_parallel import (
     wrap_model,
 )
 from graphstore.distributed.dropout import dropout_mask, node_dropout
+from graphstore.distributed.feature_fetch import PLACEMENTS, PartitionedFetch
 from graphstore.distributed.full_batch import (
     MODES,
     FullBatchGNN,
@@ -39,7 +42,8 @@ from graphstore.distributed.rank_graph import (
 from graphstore.distributed.sar import DEFAULT_EDGE_CHUNK, CommStats, sar_layer
 
 __all__ = [
-    "DEFAULT_EDGE_CHUNK", "MODES", "BlockData", "CommStats", "FullBatchGNN", "HaloGraph", "RankGraph",
+    "DEFAULT_EDGE_CHUNK", "MODES", "PLACEMENTS", "BlockData", "CommStats", "FullBatchGNN", "HaloGraph",
+    "PartitionedFetch", "RankGraph",
     "all_reduce_gradients", "all_reduce_values", "distributed_batch_norm", "dropout_mask", "equal_steps",
     "fail_fast", "full_batch_loss", "halo_layer", "init_process_group", "load_block_data", "load_rank_graph",
     "node_classification_backward", "node_dropout", "rank_and_world", "rank_partitions", "reference_forward",

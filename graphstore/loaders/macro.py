@@ -72,6 +72,18 @@ class FetchStats:
     requests: int = 0
     bytes_read: int = 0
     read_seconds: float = 0.0
+    rows_local: int = 0
+    """Distributed fetch (`graphstore.distributed.feature_fetch`): rows of the unions this
+    rank owns, served from its own memory."""
+    rows_remote: int = 0
+    """Distributed fetch: rows of the unions fetched from the ranks owning them."""
+    bytes_sent: int = 0
+    """Distributed fetch: bytes this rank sent to other ranks (request counts and ids, rows served)."""
+    exchanges: int = 0
+    """Distributed fetch: collective rounds carrying this rank's requests (one per round above)."""
+    padding_exchanges: int = 0
+    """Distributed fetch: empty collective rounds at the epoch's end, matching the ranks with
+    more rounds (and the last one, in which every rank learns that all are done)."""
 
     def to_dict(self) -> dict[str, float]:
         return dict(vars(self))
@@ -182,18 +194,26 @@ class MacroBatchGather:
     aggregated : str, optional
         Also read each row's stored neighbour aggregate (``mean``, ``sum`` or ``gcn``;
         `FeatureFetch`) into the batches' ``aggregated``.
+    fetch : optional
+        What reads a round's rows instead of a `FeatureFetch` of ``store``: an object with
+        its interface (``dim``, ``feature_dim``, ``__call__(ids, stats) -> rows``) and
+        optionally ``finish(stats)``, called once after the epoch's last round (from the
+        thread that fetched). The distributed fetch
+        (`graphstore.distributed.feature_fetch.PartitionedFetch`) is injected here, so this
+        room needs no torch.distributed.
     """
 
     def __init__(self, store: Store, *, macro_batches: int, macro_batch_bytes: int | None = None,
                  prefetch: bool = True, cache: FeatureCache | None = None,
-                 cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD, aggregated: str | None = None) -> None:
+                 cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD, aggregated: str | None = None,
+                 fetch=None) -> None:
         if macro_batches == 0 or macro_batches < -1:
             raise ConfigError(f"macro_batches must be >= 1, or -1 for all (got {macro_batches})")
         if macro_batch_bytes is not None and macro_batch_bytes < 1:
             raise ConfigError(f"macro_batch_bytes must be >= 1 (got {macro_batch_bytes})")
         if cache_lookahead < 0:
             raise ConfigError(f"cache_lookahead must be >= 0 (got {cache_lookahead})")
-        self.fetch = FeatureFetch(store, aggregated)
+        self.fetch = FeatureFetch(store, aggregated) if fetch is None else fetch
         if cache is not None and cache.dim != self.fetch.dim:
             raise ConfigError(f"the feature cache holds rows of width {cache.dim}; the fetch reads {self.fetch.dim}")
         self.macro_batches, self.macro_batch_bytes, self.prefetch = macro_batches, macro_batch_bytes, prefetch
@@ -268,6 +288,9 @@ class MacroBatchGather:
                 else:
                     window.append(macro)
             if not window:
+                finish = getattr(self.fetch, "finish", None)
+                if finish is not None:  # a collective fetch matches the ranks' round counts
+                    finish(stats)
                 return
             macro = window.popleft()
             stats.macro_batches += 1

@@ -91,6 +91,10 @@ class NodeLoader(BufferedLoader):
         aggregate``) into ``batch.aggregated``, BatchGNN's aggregation cache. ``fanouts``
         then name one hop fewer than the model has layers: its first layer takes the
         aggregate instead of a sampled last hop (`graphstore.nn.GNN`).
+    feature_fetch : optional
+        The ``macrobatch`` scheme reads each round's rows through this instead of the
+        store (`MacroBatchGather`'s ``fetch``): BatchGNN's distributed fetch from the ranks
+        owning the rows, `graphstore.distributed.PartitionedFetch`.
     micro_batches, micro_batch_budget : int, optional
         Split every batch into K micro-batches, or into the fewest whose training step
         fits the budget in bytes by ``step_estimator`` (Betty); required by the
@@ -128,7 +132,7 @@ class NodeLoader(BufferedLoader):
                  macro_batches: int | str | None = None, macro_batch_bytes: int | None = None,
                  feature_cache_bytes: int | None = None, feature_cache: str = "belady",
                  cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD, aggregated: str | None = None,
-                 rank: int = 0, world_size: int = 1) -> None:
+                 rank: int = 0, world_size: int = 1, feature_fetch=None) -> None:
         if not store.manifest.has_labels:
             raise ConfigError(f"{store.path}: node classification needs labels; the store has none")
         if int(batch_size) < 1:
@@ -157,7 +161,7 @@ class NodeLoader(BufferedLoader):
                          train_partitions=self.train_partitions, shard=self.shard)
         self.micro = self._micro_stage(micro_batches, micro_batch_budget, micro_strategy, step_estimator)
         self.macro = self._macro_stage(macro_batches, macro_batch_bytes, feature_cache_bytes, feature_cache,
-                                       cache_lookahead, aggregated)
+                                       cache_lookahead, aggregated, feature_fetch)
         if aggregated is not None and self.micro is not None:
             raise ConfigError("aggregated rows and micro-batching do not combine yet: the micro-batch split "
                               "does not carry batch.aggregated")
@@ -175,10 +179,13 @@ class NodeLoader(BufferedLoader):
             aggregated=aggregated, world_size=None if self.shard is None else self.shard.world_size)
 
     def _macro_stage(self, macro_batches: int | str | None, budget: int | None, cache_bytes: int | None,
-                     cache_policy: str, lookahead: int, aggregated: str | None) -> MacroBatchGather | None:
+                     cache_policy: str, lookahead: int, aggregated: str | None,
+                     fetch=None) -> MacroBatchGather | None:
         if self.scheme_spec.resident_features:
-            if macro_batches is not None or budget is not None or cache_bytes is not None or aggregated is not None:
-                raise ConfigError(f"macro_batches, macro_batch_bytes, feature_cache_bytes and aggregated are for "
+            if (macro_batches is not None or budget is not None or cache_bytes is not None or aggregated is not None
+                    or fetch is not None):
+                raise ConfigError(f"macro_batches, macro_batch_bytes, feature_cache_bytes, aggregated and "
+                                  f"feature_fetch are for "
                                   f"the macrobatch scheme (scheme {self.scheme!r} holds the feature rows it trains on)")
             return None
         if macro_batches is None:
@@ -188,9 +195,16 @@ class NodeLoader(BufferedLoader):
         elif not isinstance(macro_batches, int) or isinstance(macro_batches, bool):
             raise ConfigError(f"macro_batches must be a positive integer or 'all' (got {macro_batches!r})")
         width = self.store.feature_dim * (1 if aggregated is None else 2)  # [x_v | agg_v] rows
+        if fetch is not None and not self.prefetch:
+            # A collective fetch in the training thread would wait on a rank that is waiting
+            # for it in DDP's all-reduce; in the prefetch thread, it waits only on fetches.
+            raise ConfigError("feature_fetch runs in the prefetch thread: give prefetch=True")
+        if fetch is not None and fetch.dim != width:
+            raise ConfigError(f"feature_fetch returns rows of width {fetch.dim}; this loader reads {width}")
         cache = None if cache_bytes is None else FeatureCache(width, cache_bytes, cache_policy)
         return MacroBatchGather(self.store, macro_batches=macro_batches, macro_batch_bytes=budget,
-                                prefetch=self.prefetch, cache=cache, cache_lookahead=lookahead, aggregated=aggregated)
+                                prefetch=self.prefetch, cache=cache, cache_lookahead=lookahead,
+                                aggregated=aggregated, fetch=fetch)
 
     @property
     def fetch_stats(self):

@@ -1,0 +1,85 @@
+"""One rank of the distributed feature fetch check (started by torchrun from
+test_feature_fetch.py): macrobatch with B = 1 and B = all, the rows of a round fetched from
+the ranks owning them (`PartitionedFetch`). Per case: (a) every batch's features are the
+store's rows of its input nodes; (b) a float64 GraphSAGE with dropout trained two epochs
+under DDP through the trainer's `train_epoch` ends where the same run reading the store
+ends, and where one process replaying the ranks' batches with gradient accumulation ends
+(`dp_worker.replay`); (c) the fetch counters per epoch. Ranks split the replays.
+
+    torchrun --nproc-per-node 2 tests/distributed/fetch_worker.py STORE OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import graphstore
+from graphstore.distributed import PartitionedFetch, fail_fast, init_process_group, wrap_model
+from graphstore.loaders import NodeLoader
+from tests.distributed import dp_worker
+from trainers import node_classification as nc
+
+SEED, EPOCHS = dp_worker.SEED, dp_worker.EPOCHS
+CASES = {"fetch-B1": ("macrobatch", {"macro_batches": 1}, None),
+         "fetch-Ball": ("macrobatch", {"macro_batches": -1}, None)}
+dp_worker.CASES.update(CASES)  # the replay builds its (store-reading) loaders from these
+
+
+def loader(store, case: str, rank: int, world: int, fetch) -> NodeLoader:
+    scheme, options, _ = CASES[case]
+    return NodeLoader(store, split="train", fanouts=(4, 3), batch_size=16, scheme=scheme, seed=SEED, rank=rank,
+                      world_size=world, feature_fetch=fetch, **options)
+
+
+def train(store, case: str, rank: int, world: int, fetch) -> tuple[torch.Tensor, torch.Tensor, list]:
+    model, opt = dp_worker.make_model(store, case)
+    initial = dp_worker.flat(model)
+    ddp = wrap_model(model)
+    data = loader(store, case, rank, world, fetch)
+    epochs = []
+    for epoch in range(EPOCHS):
+        loss, _ = nc.train_epoch(ddp, opt, data, epoch, torch.device("cpu"), seed=SEED)
+        epochs.append({"loss": loss, "batches": data.num_batches(epoch), "stats": data.fetch_stats.to_dict()})
+    return dp_worker.flat(model), initial, epochs
+
+
+@fail_fast
+def main() -> int:
+    torch.set_num_threads(1)
+    store_path, out_dir = sys.argv[1], Path(sys.argv[2])
+    rank, world = init_process_group("cpu", timeout_s=60)
+    store = graphstore.open(store_path)
+    fetch = PartitionedFetch(store, timeout_s=60)
+    everything = torch.from_numpy(store.read_rows("nodes/features", 0, store.num_nodes))
+    results = {}
+    for i, case in enumerate(CASES):
+        # (a) an epoch's batches, their features against the store's rows.
+        worst, batches = 0.0, 0
+        for batch in loader(store, case, rank, world, fetch).epoch(0):
+            want = everything.index_select(0, batch.store_ids)
+            worst = max(worst, float((batch.features - want).abs().max()))
+            batches += 1
+        # (b) training, rows from their owners and from the store.
+        trained, initial, epochs = train(store, case, rank, world, fetch)
+        from_store, _, _ = train(store, case, rank, world, None)
+        r = {"features_max_abs_diff": worst, "batches_checked": batches, "epochs": epochs,
+             "rows_held": fetch.rows_held, "vs_store_max_abs_diff": float((trained - from_store).abs().max()),
+             "moved": float((trained - initial).abs().max())}
+        if i % world == rank:
+            want, counts = dp_worker.replay(store, case, world)
+            r.update(replay_max_abs_diff=float((trained - want).abs().max()), batches_per_rank=counts)
+        results[case] = r
+    store.close()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"rank{rank}.json").write_text(json.dumps({"world_size": world, "rank": rank,
+                                                          "num_nodes": int(everything.shape[0]),
+                                                          "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
