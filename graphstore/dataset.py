@@ -55,7 +55,7 @@ class Dataset(Store):
         return EmbeddingTable.open(self)
 
 
-def open_dataset(path: str | os.PathLike, mode: str = "r") -> Dataset:
+def open_dataset(path: str | os.PathLike, mode: str = "r", *, writer_lock: bool = True) -> Dataset:
     """Open the store at ``path`` as a `Dataset`.
 
     Parameters
@@ -66,6 +66,9 @@ def open_dataset(path: str | os.PathLike, mode: str = "r") -> Dataset:
         ``"r"`` takes a shared lock and never writes. ``"r+"`` also takes the store's
         writer lock (one writer at a time) and lets learnable embeddings be created and
         written back. Readers never wait; `Store.close` or the process's end releases both.
+    writer_lock : bool
+        ``"r+"`` without the writer lock: only for the ranks of one data-parallel job whose
+        rank 0 holds it (`graphstore.layout.store.open_store`).
 
     Raises
     ------
@@ -85,4 +88,4 @@ def open_dataset(path: str | os.PathLike, mode: str = "r") -> Dataset:
     Traceback (most recent call last):
     graphstore.errors.StoreNotFoundError: missing.gs: no such store
     """
-    return Dataset(path, mode=mode)
+    return Dataset(path, mode=mode, writer_lock=writer_lock)

@@ -1,8 +1,8 @@
 """Train a link predictor (knowledge-graph embeddings, optionally with a GNN encoder) on a
 graphstore store, in memory or out of core.
 
-    python trainers/link_prediction.py --store S.gs --model distmult|complex|transe|mlp
-        [--encoder none|sage|gat|rgcn] --scheme minibatch|disk --policy comet|beta
+    [torchrun --nproc-per-node N] trainers/link_prediction.py --store S.gs --model distmult|complex|transe|mlp
+        [--encoder none|sage|gat|rgcn] --scheme minibatch|disk --policy comet|beta|disjoint
         [--embedding-dim d] --negatives N --num-chunks K --degree-fraction f
         [--loss softmax|logistic|margin] [--corrupt both|dst|pair] [--regularization W]
         [--embedding-optimizer adagrad|adam] [--decoder-layers L --decoder-hidden H]
@@ -24,6 +24,20 @@ sparse update) or from the store's features. ``--embedding-optimizer adam`` (min
 scheme only) updates the touched rows with Adam instead, as OGB's baselines train their
 ``nn.Embedding``; the table's state slot then holds Adam's second moment and the first
 moment stays in memory (saved with checkpoints).
+
+Data parallel: ``torchrun --nproc-per-node N trainers/link_prediction.py ...`` (gloo on CPU,
+NCCL with ``--device cuda``) trains with `DistributedDataParallel`, ``--batch-size`` per
+rank; a step trains one batch of every rank with the mean loss over their union
+(`graphstore.distributed.data_parallel`). The minibatch scheme gives each rank every N-th
+batch and, with learnable embeddings, a copy of the whole table on every rank: each step's
+rows and gradients are all-gathered and applied on every copy, rank 0 writes back. The disk
+scheme with learnable embeddings runs the ``disjoint`` plan (rounds of partition-disjoint
+states, one per rank; `graphstore.buffer.policies._disjoint`) so that each partition's
+rows are held, updated and written back by one rank at a time, the ranks meeting at a
+barrier between rounds; the store must be on a filesystem every rank shares (checked).
+With the store's features it divides COMET's/BETA's states in blocks. Evaluation ranks a
+share of the positives per rank and gathers the ranks; rank 0 alone prints and writes the
+metrics and checkpoints; ``--resume`` continues exactly (the world size is recorded).
 
 Loss: MariusGNN's — each positive against its chunk's shared negatives at both ends
 (``--loss softmax``, or ``logistic``/``margin``), plus an optional N3 penalty
@@ -60,6 +74,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
+import os
 import shutil
 import sys
 import time
@@ -71,10 +87,23 @@ import numpy as np
 import torch
 
 import graphstore
-from graphstore.errors import ConfigError
-from graphstore.layout.embeddings import EMBEDDINGS_ARRAY, EmbeddingTable
 from graphstore.buffer import POLICIES as POLICY_REGISTRY
+from graphstore.distributed import (
+    all_gather_varlen,
+    all_reduce_values,
+    check_shared_embeddings,
+    fail_fast,
+    gather_rows,
+    init_process_group,
+    padding_loss,
+    rank_and_world,
+    sync_ranks,
+    wrap_model,
+)
+from graphstore.distributed.data_parallel import dropout_salt, step_targets
+from graphstore.errors import ConfigError
 from graphstore.inference import infer_layerwise, min_buffer_bytes
+from graphstore.layout.embeddings import EMBEDDINGS_ARRAY, EmbeddingTable
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import EdgeBatch, EdgeLoader, EdgeLoaderSettings
 from graphstore.nn import DECODERS, GNN, full_ranks, link_loss, ogb_hits_at_k, ranking_metrics
@@ -191,6 +220,8 @@ class LinkPredictionConfig:
     """Ends replaced in ranking: both for knowledge graphs, else dst."""
     loader: EdgeLoaderSettings | None = None
     """The loader's settings, once it exists; not compared on resume."""
+    world_size: int = 1
+    """Data-parallel ranks (torchrun's ``WORLD_SIZE``); a resumed run needs the same."""
 
     def to_dict(self) -> dict[str, Any]:
         """The keys and values the metrics JSON's ``config`` has always had (old checkpoints
@@ -202,6 +233,8 @@ class LinkPredictionConfig:
         if self.learnable_embeddings_rule is not None:
             out["learnable_embeddings_rule"] = self.learnable_embeddings_rule
         out.update(eval=self.eval, eval_corrupt=self.eval_corrupt)
+        if self.world_size != 1:  # absent from one-process records, old ones included
+            out["world_size"] = self.world_size
         if self.loader is not None:
             out["loader"] = self.loader.to_dict()
         return out
@@ -318,23 +351,78 @@ class LinkModel(torch.nn.Module):
             self.encoder = GNN(args.encoder, in_dim=in_dim, hidden_dim=args.hidden or dim, out_dim=dim,
                                num_layers=len(args.fanouts), dropout=args.dropout, heads=args.heads,
                                num_relations=num_relations)
+        self.corrupt, self.loss_kind, self.margin = args.corrupt, args.loss, args.margin
+        self.regularization = args.regularization
+
+    def forward(self, x: torch.Tensor | None, rel: torch.Tensor, chunk_of: torch.Tensor, *,
+                inverse: torch.Tensor | None = None, negatives_shape: tuple[int, ...] = (),
+                dense=None, edge_type: torch.Tensor | None = None, index=None) -> torch.Tensor:
+        """A batch's mean loss (plus the N3 penalty) from its input rows ``x``: without an
+        encoder, ``inverse`` places each positive end and negative among them (``b`` sources,
+        ``b`` destinations, then the negatives of shape ``negatives_shape``); with one, the
+        encoder runs over ``dense`` and ``index`` places them. ``x=None``: a padding step's
+        zero (`padding_loss`), for a data-parallel rank with no batch left."""
+        if x is None:
+            return padding_loss(self)
+        if self.encoder is None:
+            b = rel.numel()
+            s, o = x[inverse[:b]], x[inverse[b:2 * b]]
+            n = x[inverse[2 * b:]].view(*negatives_shape, -1)
+        else:
+            h = self.encoder(x, dense, edge_type=edge_type)
+            s, o, n = h[index.src], h[index.dst], h[index.neg]
+        loss = link_prediction_loss(self.decoder, s, rel, o, n, chunk_of, corrupt=self.corrupt,
+                                    kind=self.loss_kind, margin=self.margin)
+        if self.regularization:
+            r = self.decoder.relations.index_select(0, rel)
+            n3 = (s.abs() ** 3 + r.abs() ** 3 + o.abs() ** 3).sum(1).mean()
+            loss = loss + self.regularization * n3
+        return loss
+
+
+def batch_loss(model: torch.nn.Module, batch: EdgeBatch, *, use_embeddings: bool, rgcn: bool,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``model``'s loss on ``batch`` (`LinkModel.forward`, or DDP around it), with the input
+    rows it read: ``(loss, x, rows)``, ``rows`` local ids and ``x`` their embedding values
+    (a leaf that collects their gradients) or features, in the model's dtype."""
+    g, negs = batch.graph, batch.negatives
+    dtype = next(model.parameters()).dtype
+
+    def inputs(ids: torch.Tensor) -> torch.Tensor:
+        if use_embeddings:
+            return g.embeddings[ids, 0].to(device=device, dtype=dtype).requires_grad_(True)
+        return g.features[ids].to(device=device, dtype=dtype)
+
+    rel = batch.rel.to(device)
+    chunk_of = negs.chunk_of.to(device)
+    if batch.dense is None:
+        rows, inverse = torch.unique(torch.cat([batch.src, batch.dst, negs.nodes.flatten()]), return_inverse=True)
+        x = inputs(rows)
+        loss = model(x, rel, chunk_of, inverse=inverse.to(device), negatives_shape=tuple(negs.nodes.shape))
+    else:
+        dense = batch.dense
+        rows = dense.node_ids
+        x = inputs(rows)
+        edge_type = g.rel[dense.edge_ids].to(device) if rgcn else None
+        loss = model(x, rel, chunk_of, dense=dense.to(device), edge_type=edge_type, index=batch.index.to(device))
+    return loss, x, rows
 
 
 class Trainer:
     """One run's state: store, table, loader, model, optimizer; trains and evaluates epochs."""
 
     def __init__(self, args: LinkPredictionOptions, config: LinkPredictionConfig, store,
-                 device: torch.device) -> None:
+                 device: torch.device, *, table: EmbeddingTable | None = None) -> None:
+        """``table``: the learnable embeddings, as `prepare_embeddings` left them (None
+        without learnable embeddings). Under torchrun (a process group), this rank's share."""
         self.args, self.config, self.store, self.device = args, config, store, device
+        self.rank, self.world = rank_and_world()
         m = store.manifest
         self.num_relations = max(1, store.num_relations)
         self.use_embeddings = config.learnable_embeddings
-        self.table = None
-        if self.use_embeddings and not args.resume:
-            self.table = init_embeddings(store, args.embedding_dim, scale=args.embedding_scale,
-                                         seed=args.seed)
-        elif self.use_embeddings:
-            self.table = EmbeddingTable.open(store)  # restored from the checkpoint by the caller
+        if self.use_embeddings and table is None:
+            raise ConfigError("learnable embeddings need their table (prepare_embeddings)")
+        self.table = table if self.use_embeddings else None
         in_dim = args.embedding_dim if self.use_embeddings else m.feature_dim
         # With relations (which --encoder rgcn requires) the loader's DENSE carries edge ids,
         # so the RGCN looks up each sampled edge's relation as `graph.rel[dense.edge_ids]`.
@@ -343,9 +431,15 @@ class Trainer:
             degree_fraction=args.degree_fraction, scheme=args.scheme, policy=args.policy,
             capacity=args.buffer_partitions, buffer_bytes=args.buffer_bytes, embeddings=self.table,
             fanouts=None if args.encoder == "none" else args.fanouts,
-            num_logical_partitions=args.num_logical_partitions, seed=args.seed, prefetch=args.prefetch)
-        common.seed_everything(args.seed)  # model initialisation
+            num_logical_partitions=args.num_logical_partitions, seed=args.seed, prefetch=args.prefetch,
+            rank=self.rank, world_size=self.world)
+        self.embedding_placement = self.loader.embedding_placement  # None in one process
+        self._last_graph = None
+        common.seed_everything(args.seed)  # model initialisation (the same on every rank)
         self.model = LinkModel(args, in_dim=in_dim, num_relations=self.num_relations).to(device)
+        # DDP broadcasts rank 0's parameters (a resumed run loads them into self.model first:
+        # `wrap`); one process calls the model itself.
+        self.trained: torch.nn.Module = self.model
         opt = torch.optim.Adagrad if args.optimizer == "adagrad" else torch.optim.Adam
         self.optimizer = opt(self.model.parameters(), lr=args.lr)
         self.embedding_lr = args.embedding_lr if args.embedding_lr is not None else args.lr
@@ -354,70 +448,107 @@ class Trainer:
             self.embedding_adam = {"exp_avg": torch.zeros(store.num_nodes, args.embedding_dim), "step": 0}
         self._full_graph = None
 
+    def wrap(self) -> None:
+        """Under torchrun, train through `DistributedDataParallel` (after loading a checkpoint)."""
+        if self.world > 1:  # summed: each rank's loss is already weighted by its share (`step`)
+            self.trained = wrap_model(self.model, self.device, sum_gradients=True)
+
     # -------------------------------------------------------------- training
 
-    def _inputs(self, g, ids: torch.Tensor) -> torch.Tensor:
-        """Input rows of local ids ``ids``: embedding values (a leaf that collects gradients)
-        or features."""
-        if self.use_embeddings:
-            return g.embeddings[ids, 0].to(self.device).requires_grad_(True)
-        return g.features[ids].to(self.device)
-
-    def step(self, batch: EdgeBatch) -> float:
-        g, negs = batch.graph, batch.negatives
-        rel = batch.rel.to(self.device)
-        chunk_of = negs.chunk_of.to(self.device)
-        if self.model.encoder is None:
-            b = batch.src.numel()
-            rows, inverse = torch.unique(torch.cat([batch.src, batch.dst, negs.nodes.flatten()]),
-                                         return_inverse=True)
-            x = self._inputs(g, rows)
-            inverse = inverse.to(self.device)
-            s, o = x[inverse[:b]], x[inverse[b:2 * b]]
-            n = x[inverse[2 * b:]].view(*negs.nodes.shape, -1)
-        else:
-            dense = batch.dense
-            rows = dense.node_ids
-            x = self._inputs(g, rows)
-            edge_type = g.rel[dense.edge_ids].to(self.device) if self.args.encoder == "rgcn" else None
-            h = self.model.encoder(x, dense.to(self.device), edge_type=edge_type)
-            idx = batch.index.to(self.device)
-            s, o, n = h[idx.src], h[idx.dst], h[idx.neg]
-        loss = link_prediction_loss(self.model.decoder, s, rel, o, n, chunk_of, corrupt=self.args.corrupt,
-                                    kind=self.args.loss, margin=self.args.margin)
-        if self.args.regularization:
-            r = self.model.decoder.relations.index_select(0, rel)
-            n3 = (s.abs() ** 3 + r.abs() ** 3 + o.abs() ** 3).sum(1).mean()
-            loss = loss + self.args.regularization * n3
+    def step(self, batch: EdgeBatch | None) -> float:
+        """One optimizer step on ``batch``; returns its mean loss. Under data parallelism
+        ``batch`` is this rank's share of the step (None: a padding step) and the update is
+        the one of the mean loss over every rank's positives (module docstring)."""
+        world = self.world
+        b = 0 if batch is None else batch.src.numel()
+        # DDP sums the ranks' gradients (`wrap`): b / total makes that the union's mean loss.
+        scale = b / step_targets(b) if world > 1 else 1.0
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if batch is None:
+            self.trained(None, None, None).backward()
+            self.optimizer.step()
+            if self.embedding_placement == "replicated":
+                self._replicated_update(None, None, None)
+            return 0.0
+        g = batch.graph
+        loss, x, rows = batch_loss(self.trained, batch, use_embeddings=self.use_embeddings,
+                                   rgcn=self.args.encoder == "rgcn", device=self.device)
+        (loss if world == 1 else loss * scale).backward()
         self.optimizer.step()
         if self.use_embeddings:
             with torch.no_grad():
-                grad = x.grad.to(g.embeddings.device)
-                if self.embedding_adam is None:
-                    sparse_adagrad_(g.embeddings, rows, grad, self.embedding_lr)
-                else:
-                    self.embedding_adam["step"] += 1
-                    sparse_adam_(g.embeddings, rows, grad, self.embedding_lr, self.embedding_adam["exp_avg"],
-                                 g.node_ids[rows].long(), self.embedding_adam["step"])
+                grad = x.grad.to(device=g.embeddings.device, dtype=g.embeddings.dtype)
+                if self.embedding_placement == "replicated":
+                    self._replicated_update(g, g.node_ids[rows].long(), grad)
+                else:  # owned: no other rank holds these rows this round
+                    self._sparse_update(g, rows, grad)
         return float(loss.detach())
 
+    def _sparse_update(self, g, rows: torch.Tensor, grad: torch.Tensor) -> None:
+        """The embedding optimizer's step on resident rows ``rows`` (local ids)."""
+        if self.embedding_adam is None:
+            sparse_adagrad_(g.embeddings, rows, grad, self.embedding_lr)
+        else:
+            self.embedding_adam["step"] += 1
+            sparse_adam_(g.embeddings, rows, grad, self.embedding_lr, self.embedding_adam["exp_avg"],
+                         g.node_ids[rows].long(), self.embedding_adam["step"])
+
+    def _replicated_update(self, g, ids: torch.Tensor | None, grad: torch.Tensor | None) -> None:
+        """Every rank's rows and gradients of the step, summed, applied to this rank's copy
+        of the whole table (a padding rank contributes none but applies the others')."""
+        if ids is None:
+            ids = torch.zeros(0, dtype=torch.int64)
+            grad = torch.zeros((0, self.args.embedding_dim), dtype=torch.float32)
+        ids, grad = gather_rows(ids, grad)
+        if g is None:
+            g = self._last_graph
+        with torch.no_grad():
+            self._sparse_update(g, g.to_local(ids.numpy()), grad)
+
     def train_epoch(self, epoch: int) -> tuple[float, int]:
+        """One epoch: every round's batches, then this rank's padding steps up to the round's
+        step count, then (data parallel) a barrier once every rank wrote its round back.
+        Returns the mean loss per positive and the positives, over all ranks."""
         self.model.train()
-        common.seed_everything(common.epoch_seed(self.args.seed, epoch, salt=11))  # dropout replays on resume
+        rank, world = self.rank, self.world
+        # dropout replays on resume; rank 0 draws a single process's masks
+        common.seed_everything(common.epoch_seed(self.args.seed, epoch, salt=dropout_salt(rank)))
         total, count = 0.0, 0
         loader = self.loader
-        # closing(): a failed step closes the epoch at once, so the buffer writes back every
-        # dirty partition before the error leaves the trainer (and the store is closed).
-        with contextlib.closing(loader.epoch(epoch)) as batches:
-            for batch in common.progress(batches, desc=f"epoch {epoch}", total=loader.num_batches(epoch)):
-                n = batch.src.numel()
-                total += self.step(batch) * n
-                count += n
+        rounds = loader.round_steps(epoch)
+        progress = common.progress(range(sum(steps for _, steps in rounds)), desc=f"epoch {epoch}",
+                                   total=sum(steps for _, steps in rounds))
+        ticks = iter(progress)
+        for t, (own, steps) in enumerate(rounds):
+            if own == 0 and self.embedding_placement == "replicated":
+                raise ConfigError(f"rank {rank} has no batch in epoch {epoch} ({world} ranks share {steps} "
+                                  f"step(s)); use fewer ranks or a smaller --batch-size")
+            # closing(): a failed step closes the round at once, so the buffer writes back every
+            # dirty partition before the error leaves the trainer (and the store is closed).
+            with contextlib.closing(loader.epoch(epoch, round=t)) as batches:
+                done = 0
+                for batch in itertools.islice(batches, own):
+                    self._last_graph = batch.graph
+                    n = batch.src.numel()
+                    total += self.step(batch) * n
+                    count += n
+                    done += 1
+                    next(ticks, None)
+                # Padding while the round's buffer is still open: a replicated table applies
+                # the other ranks' updates of these steps before it is written back.
+                for _ in range(steps - own):
+                    self.step(None)
+                    next(ticks, None)
+                extra = next(batches, None)  # the round ends here: its partitions are written back
+            if done != own or extra is not None:
+                raise ConfigError(f"rank {rank}, epoch {epoch}, round {t}: the loader yielded "
+                                  f"{done + (extra is not None)}+ batches, its plan promised {own}")
+            sync_ranks()  # every rank's round is written back before anyone reads its partitions
+        if world > 1:
+            total, count = all_reduce_values([total, count])
         if count == 0:
             raise ConfigError(f"{self.store.path}: the store has no training edges")
-        return total / count, count
+        return total / count, int(count)
 
     # -------------------------------------------------------------- evaluation
 
@@ -494,14 +625,18 @@ class Trainer:
         rel = (torch.from_numpy(split.rel.astype(np.int64)) if split.rel is not None
                else torch.zeros(src.numel(), dtype=torch.int64)).to(self.device)
         mode = self.config.eval
+        # Data parallel: each rank scores a contiguous share of the positives (and of OGB's
+        # negatives); the shares are gathered in rank order, so every rank computes the
+        # metrics one process would.
+        src, dst, rel = (self._share(t) for t in (src, dst, rel))
         if mode == "ogb":
             if split.neg_src is None or split.neg_dst is None or split.neg_dst.ndim != 1:
                 raise ConfigError(f"{self.store.path}: split {split_name!r} ships no negative edge pairs; "
                                   "use --eval filtered or unfiltered")
-            pos = self._pair_scores(reps, src, rel, dst)
-            ns = torch.from_numpy(split.neg_src.astype(np.int64)).to(self.device)
-            nd = torch.from_numpy(split.neg_dst.astype(np.int64)).to(self.device)
-            neg = self._pair_scores(reps, ns, torch.zeros_like(ns), nd)
+            pos = all_gather_varlen(self._pair_scores(reps, src, rel, dst))
+            ns = self._share(torch.from_numpy(split.neg_src.astype(np.int64)).to(self.device))
+            nd = self._share(torch.from_numpy(split.neg_dst.astype(np.int64)).to(self.device))
+            neg = all_gather_varlen(self._pair_scores(reps, ns, torch.zeros_like(ns), nd))
             return {f"hits@{k}": ogb_hits_at_k(pos, neg, k) for k in OGB_KS}
         known = self._known() if mode == "filtered" else (None, None, None)
         known = tuple(None if k is None else k.to(self.device) for k in known)
@@ -523,14 +658,20 @@ class Trainer:
         if self.config.eval_corrupt == "both":
             ranks.append(full_ranks(heads, dst, src, n, rel=rel, known_src=known[1], known_dst=known[0],
                                     known_rel=known[2], batch_size=self.args.eval_batch_size))
+        ranks = [all_gather_varlen(r.cpu()) for r in ranks]
         return ranking_metrics(torch.cat(ranks), ks=RANK_KS)
+
+    def _share(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's contiguous share of ``t`` (all of it in one process)."""
+        n = t.shape[0]
+        return t[self.rank * n // self.world:(self.rank + 1) * n // self.world]
 
     def _pair_scores(self, reps, src, rel, dst) -> torch.Tensor:
         out = []
         for start in range(0, src.numel(), 1 << 16):
             sl = slice(start, start + (1 << 16))
             out.append(self.model.decoder.score(reps[src[sl]], rel[sl], reps[dst[sl]]))
-        return torch.cat(out).cpu()
+        return torch.cat(out).cpu() if out else torch.zeros(0, dtype=reps.dtype)
 
 
 def resolve_config(args: LinkPredictionOptions, store) -> LinkPredictionConfig:
@@ -573,41 +714,98 @@ def _summary(metrics: dict[str, float] | None) -> str:
     return "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
 
 
+def prepare_embeddings(args: LinkPredictionOptions, store, resume_from: Path | None) -> EmbeddingTable:
+    """The learnable embeddings at the run's start: freshly initialised, or (``resume_from``)
+    the checkpoint's copy restored into the store. Under torchrun rank 0 (the writer-lock
+    holder) writes them and the others open them afterwards, from the same store
+    (`check_shared_embeddings`)."""
+    rank, _ = rank_and_world()
+    table = None
+    if rank == 0:
+        if resume_from is not None:
+            common.restore_directory(resume_from / "embeddings", Path(store.path) / EMBEDDINGS_ARRAY)
+            table = EmbeddingTable.open(store)
+        else:
+            table = init_embeddings(store, args.embedding_dim, scale=args.embedding_scale, seed=args.seed)
+    sync_ranks()
+    if table is None:
+        if not EmbeddingTable.exists(store):
+            raise ConfigError(f"{store.path}: no {EMBEDDINGS_ARRAY} after rank 0 wrote it: every rank must open the "
+                              f"same store, on a shared filesystem, when it learns embeddings")
+        table = EmbeddingTable.open(store)
+    check_shared_embeddings(table)
+    return table
+
+
+def open_for_run(args: LinkPredictionOptions, learnable: bool):
+    """The store, opened for this rank: learnable embeddings are written back, so one
+    process takes the writer lock (a second trainer on the same store is refused at once);
+    under torchrun that is rank 0, on the job's behalf. Ranks that write back their own
+    partitions (the disk scheme) open it writable under rank 0's lock; the minibatch
+    scheme's replicas (ranks > 0) only read."""
+    rank = rank_and_world()[0]
+    if not learnable:
+        return graphstore.open(args.store)
+    if rank == 0:
+        store = graphstore.open(args.store, mode="r+")
+        sync_ranks()  # rank 0 holds the writer lock before any other rank opens
+        return store
+    sync_ranks()
+    if args.scheme == "minibatch":
+        return graphstore.open(args.store)
+    return graphstore.open(args.store, mode="r+", writer_lock=False)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = LinkPredictionOptions.parse(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Under torchrun: any error prints one line naming the rank and exits at once, and
+        # torchrun then stops the other ranks (no rank left waiting in a collective).
+        status = fail_fast(_train)(args)
+        torch.distributed.destroy_process_group()
+        return status
+    return _train(args)
+
+
+def _train(args: LinkPredictionOptions) -> int:
     common.configure_logging(args.verbose)
     device = common.resolve_device(args.device)
+    rank, world = 0, 1
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        rank, world = init_process_group(device)
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())  # LOCAL_RANK's, set by the group
+    say = print if rank == 0 else (lambda *a, **k: None)
     store = graphstore.open(args.store)
     try:  # the store's locks are released when the run ends, however it ends
-        config = resolve_config(args, store)
-        if config.learnable_embeddings and store.mode != "r+":
-            # The embeddings are written back into the store: take its writer lock (a second
-            # trainer writing to the same store is refused at once).
-            store.close()
-            store = graphstore.open(args.store, mode="r+")
+        config = dataclasses.replace(resolve_config(args, store), world_size=world)
+        store.close()
+        store = open_for_run(args, config.learnable_embeddings)
         ckpt = common.Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None
-        state = None
+        state = path = None
         if args.resume:
             path = ckpt.latest()
             state = ckpt.load(path)
             common.check_resume_config(state["config"], config.to_dict(), path)
-            if config.learnable_embeddings:
-                common.restore_directory(path / "embeddings", Path(store.path) / EMBEDDINGS_ARRAY)
-        trainer = Trainer(args, config, store, device)
+        table = prepare_embeddings(args, store, path) if config.learnable_embeddings else None
+        trainer = Trainer(args, config, store, device, table=table)
         # The checkpoint's copy leaves the loader's settings out: they are not compared on resume.
         saved_config = config.to_dict()
         config = dataclasses.replace(config, loader=trainer.loader.settings)
         s = trainer.loader.settings
-        print(f"{PROG}: {store}")
+        say(f"{PROG}: {store}" + (f" ({world} ranks, DistributedDataParallel)" if world > 1 else ""))
         logical = f", logical partitions {s.num_logical_partitions}" if s.num_logical_partitions is not None else ""
         inputs = "learnable embeddings" if trainer.use_embeddings else "features"
-        print(f"scheme {s.scheme}: policy {s.policy}, {s.capacity} of {s.num_partitions} partitions "
-              f"resident{logical}; {inputs} d={args.embedding_dim}, encoder {args.encoder}, "
-              f"decoder {args.model}; negatives {args.negatives} x {args.num_chunks} chunks "
-              f"(degree fraction {args.degree_fraction:g}); "
-              f"eval {config.eval} ({config.eval_corrupt})", flush=True)
+        placement = f" ({s.embedding_placement})" if s.embedding_placement else ""
+        say(f"scheme {s.scheme}: policy {s.policy}, {s.capacity} of {s.num_partitions} partitions "
+            f"resident{logical}; {inputs}{placement} d={args.embedding_dim}, encoder {args.encoder}, "
+            f"decoder {args.model}; negatives {args.negatives} x {args.num_chunks} chunks "
+            f"(degree fraction {args.degree_fraction:g}); "
+            f"eval {config.eval} ({config.eval_corrupt})", flush=True)
 
-        metrics = common.MetricsWriter(args.metrics_out, task="link_prediction", config=config.to_dict())
+        # Rank 0 alone writes the metrics and the checkpoints; every rank reads one to resume.
+        metrics = common.MetricsWriter(args.metrics_out if rank == 0 else None, task="link_prediction",
+                                       config=config.to_dict())
         start_epoch, history, resumed_from = 0, [], None
         if state is not None:
             trainer.model.load_state_dict(state["model"])
@@ -616,13 +814,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 trainer.embedding_adam = state["embedding_adam"]
             common.set_rng_state(state["rng"])
             start_epoch, history, resumed_from = state["epoch"] + 1, state["history"], state["epoch"]
-            print(f"resumed from {ckpt.latest()} (epoch {state['epoch']} done)", flush=True)
+            say(f"resumed from {path} (epoch {state['epoch']} done)", flush=True)
+        trainer.wrap()
 
         key = "hits@20" if config.eval == "ogb" else "mrr"
         evaluated = [h for h in history if h["valid"]]
         best = max(evaluated, key=lambda h: h["valid"][key], default=None)
         for epoch in range(start_epoch, args.epochs):
             t0 = time.perf_counter()
+            rounds_before = len(trainer.loader.epoch_stats)
             loss, n = trainer.train_epoch(epoch)
             common.finite_or_raise(loss, epoch)
             t1 = time.perf_counter()
@@ -631,33 +831,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                 reps = trainer.representations()
                 valid, test = trainer.evaluate(reps, "valid"), trainer.evaluate(reps, "test")
             t2 = time.perf_counter()
-            io = common.io_stats([trainer.loader.last_stats])
+            io = common.io_stats(trainer.loader.epoch_stats[rounds_before:])  # this rank's, every round
             record = {"epoch": epoch, "train_loss": loss, "train_edges": n, "valid": valid, "test": test,
                       "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io}
             history.append(record)
             if valid is not None and (best is None or valid[key] > best["valid"][key]):
                 best = record
-            print(f"epoch {epoch + 1}/{args.epochs}  loss {loss:.4f}  valid {_summary(valid)}  "
-                  f"test {_summary(test)}  {t1 - t0:.2f} s (+{t2 - t1:.2f} s eval)  "
-                  f"read {common.mib(io['bytes_read'])}  "
-                  f"written {common.mib(io['bytes_written'])}  stall {io['stall_s']:.2f} s", flush=True)
-            if ckpt is not None:
+            say(f"epoch {epoch + 1}/{args.epochs}  loss {loss:.4f}  valid {_summary(valid)}  "
+                f"test {_summary(test)}  {t1 - t0:.2f} s (+{t2 - t1:.2f} s eval)  "
+                f"read {common.mib(io['bytes_read'])}  "
+                f"written {common.mib(io['bytes_written'])}  stall {io['stall_s']:.2f} s", flush=True)
+            if ckpt is not None and rank == 0:
                 # The embeddings live in the store: a copy goes with the checkpoint (written back
-                # by the buffer at the epoch's end, so the copy is the epoch's final state).
+                # by every rank by the epoch's last barrier, so the copy is the epoch's final state).
                 snapshots = ({"embeddings": Path(store.path) / EMBEDDINGS_ARRAY} if trainer.use_embeddings
                              else None)
                 ckpt.save(epoch, {"epoch": epoch, "model": trainer.model.state_dict(),
                                   "optimizer": trainer.optimizer.state_dict(),
                                   "embedding_adam": trainer.embedding_adam, "rng": common.rng_state(),
                                   "history": history, "config": saved_config}, snapshots=snapshots)
+            sync_ranks()  # nobody writes the store (next epoch) while rank 0 copies it
             last_eval = next((h for h in reversed(history) if h["valid"]), None)
             metrics.write(epochs=history, resumed_from=resumed_from, final=_pick(last_eval), best=_pick(best))
         if not history:
             raise ConfigError(f"nothing to train: --epochs {args.epochs} and the checkpoint is at epoch "
                               f"{start_epoch}")
         last = history[-1]
-        print(f"final: valid {_summary(last['valid'])}  test {_summary(last['test'])}  "
-              f"peak memory {common.mib(common.peak_memory_bytes())}", flush=True)
+        say(f"final: valid {_summary(last['valid'])}  test {_summary(last['test'])}  "
+            f"peak memory {common.mib(common.peak_memory_bytes())}", flush=True)
         return 0
     finally:
         store.close()

@@ -296,10 +296,11 @@ class _Loader:
 
     def __init__(self, store: Store, states: list[tuple[int, ...]], plan: SlotPlan, *, memory: BufferMemory,
                  embeddings: EmbeddingTable | None, static_cache: StaticCache | None,
-                 lock: threading.Condition):
+                 lock: threading.Condition, write_back: bool = True):
         m = store.manifest
         self.store, self.states, self.plan, self.lock = store, states, plan, lock
         self.memory, self.table, self.static_cache = memory, embeddings, static_cache
+        self.writes = write_back
         self.edge_names = ["edges/src", "edges/dst"] + (["edges/rel"] if m.has_relations else [])
         self.offsets = store.bucket_offsets
         self.buckets: dict[tuple[int, int], Bucket] = memory.buckets  # held buckets outlive an epoch
@@ -335,6 +336,10 @@ class _Loader:
         with self.lock:
             k, dirty = memory.holder[z], memory.dirty[z]
         if self.table is None or not dirty or k < 0:
+            return
+        if not self.writes:  # a replica: another process writes the same rows back
+            with self.lock:
+                memory.dirty[z] = False
             return
         start, stop = self.store.partition_range(k)
         t0 = time.perf_counter()
@@ -666,6 +671,10 @@ class BufferManager:
         The next epoch's first state: with prefetch, read while the last state trains, so
         the next epoch's manager (given the same ``memory``) finds it resident. Its reads
         are in this manager's stats and ``planned_bytes``.
+    write_back : bool
+        With ``embeddings``: write updated partitions back to the store (the default).
+        False for a data-parallel replica whose rows another process writes back (the
+        minibatch scheme's replicated table: rank 0 writes, the other ranks hold copies).
     assemble : {"auto", "loader", "consumer"}
         With prefetch, where a state's `ResidentGraph` is built once its data is read: in
         the loader thread, or in the consumer when it takes the state (the reads stay in
@@ -718,6 +727,7 @@ class BufferManager:
         static_cache: StaticCache | None = None,
         lookahead: Sequence[int] | None = None,
         assemble: str = "auto",
+        write_back: bool = True,
     ) -> None:
         if assemble not in ("auto", "loader", "consumer"):
             raise ConfigError(f"assemble must be 'auto', 'loader' or 'consumer' (got {assemble!r})")
@@ -754,7 +764,7 @@ class BufferManager:
         memory.in_use = True
         self._cond = threading.Condition()
         self._loader = _Loader(store, planned, plan, memory=memory, embeddings=embeddings,
-                               static_cache=static_cache, lock=self._cond)
+                               static_cache=static_cache, lock=self._cond, write_back=write_back)
         self._handoff = _Handoff(self._loader, len(self.states), self._cond, prefetch=prefetch,
                                  lookahead=ahead is not None, assemble_in_consumer=self.assemble == "consumer")
         self._delivered = 0

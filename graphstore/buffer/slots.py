@@ -235,6 +235,19 @@ class BufferMemory:
         return cls(int(num_slots), P, features, labels, embeddings, int(cache_rows),
                    holder=[-1] * int(num_slots), dirty=[False] * int(num_slots), edges=edges)
 
+    def forget(self) -> None:
+        """Mark every slot empty, so the next manager reads its partitions again: for a
+        data-parallel rank whose partitions other ranks update in the store between its
+        states (`graphstore.buffer.policies._disjoint`). Its updates must be written back
+        first."""
+        if any(self.dirty):
+            raise ConfigError("write back the dirty embeddings before forgetting the resident partitions")
+        self.holder = [-1] * self.num_slots
+        self.buckets.clear()
+        self.hub_edges.clear()
+        self.hub_positions.clear()
+        self.last_graph = None
+
     @property
     def cache_start(self) -> int:
         """Local id of the first static-cache row."""

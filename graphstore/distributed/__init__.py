@@ -8,7 +8,8 @@ over the other ranks' rows one rank at a time and rematerializes them in backwar
 (`dropout`); `halo` is the plain domain-parallel baseline; `full_batch` the model, loss
 and gradient all-reduce; `comm` the process group, ring exchanges and error handling.
 `data_parallel`: the loaders' schemes under DistributedDataParallel (each rank a disjoint
-share of every epoch, steps padded to equal counts, the union's mean loss).
+share of every epoch, steps padded to equal counts, the union's mean loss; link
+prediction's embeddings owned by partition or replicated).
 `feature_fetch`: BatchGNN's distributed fetch for macro-batching (each rank holds its
 partitions' feature rows; a round's union comes from the owners in one collective round).
 """
@@ -16,10 +17,15 @@ partitions' feature rows; a round's union comes from the owners in one collectiv
 from graphstore.distributed.batchnorm import distributed_batch_norm
 from graphstore.distributed.comm import fail_fast, init_process_group
 from graphstore.distributed.data_parallel import (
+    all_gather_varlen,
     all_reduce_values,
+    check_shared_embeddings,
     equal_steps,
+    gather_rows,
     node_classification_backward,
+    padding_loss,
     rank_and_world,
+    sync_ranks,
     wrap_model,
 )
 from graphstore.distributed.dropout import dropout_mask, node_dropout
@@ -44,8 +50,9 @@ from graphstore.distributed.sar import DEFAULT_EDGE_CHUNK, CommStats, sar_layer
 __all__ = [
     "DEFAULT_EDGE_CHUNK", "MODES", "PLACEMENTS", "BlockData", "CommStats", "FullBatchGNN", "HaloGraph",
     "PartitionedFetch", "RankGraph",
-    "all_reduce_gradients", "all_reduce_values", "distributed_batch_norm", "dropout_mask", "equal_steps",
-    "fail_fast", "full_batch_loss", "halo_layer", "init_process_group", "load_block_data", "load_rank_graph",
-    "node_classification_backward", "node_dropout", "rank_and_world", "rank_partitions", "reference_forward",
-    "sar_layer", "wrap_model",
+    "all_gather_varlen", "all_reduce_gradients", "all_reduce_values", "check_shared_embeddings",
+    "distributed_batch_norm", "dropout_mask", "equal_steps",
+    "fail_fast", "full_batch_loss", "gather_rows", "halo_layer", "init_process_group", "load_block_data", "load_rank_graph",
+    "node_classification_backward", "node_dropout", "padding_loss", "rank_and_world", "rank_partitions", "reference_forward",
+    "sar_layer", "sync_ranks", "wrap_model",
 ]

@@ -30,13 +30,37 @@ no_sync`, and the last one that has a labelled target runs outside it, so DDP al
 once per step, the accumulated gradient.
 
 Node classification has no learnable embeddings, so no state is written back and the
-ranks share nothing but gradients. (Link prediction's disk scheme, with embeddings owned
-by partition, is not done here.)
+ranks share nothing but gradients.
+
+Link prediction (`trainers/link_prediction.py`) weighs each rank's mean loss by its share
+of the step's positives, ``b / total``, and has DDP sum the gradients (``wrap_model(...,
+sum_gradients=True)``) rather than average them: the embedding rows' gradients (outside
+DDP) then need no factor N either, so a rank's update of its rows is bit for bit the one
+a single process makes on the union of the batches. It pads with a zero loss over every parameter
+(`padding_loss`: no batch needed, so a rank may have none in a round). Its learnable
+embeddings are sparse, outside DDP, and placed one of two ways (`EdgeLoader`'s
+``embedding_placement``):
+
+- **owned** (disk scheme): the ``disjoint`` plan's rounds give each rank partitions no
+  other rank holds in that round, so a batch touches only rows its rank owns and each
+  rank applies its own rows' sparse update and writes them back, exactly as one process
+  would on the union of the batches (whose rows are then disjoint). Between rounds every
+  rank waits for the others' write-back (`sync_ranks`) before reading partitions they
+  held. We chose ownership over merging because merging needs every rank that holds a
+  row to see every update to it: with a buffer of a few partitions per rank, a rank
+  reading a partition from the store would miss the updates another rank has not yet
+  written, so copies would diverge. Ownership needs no exchange of embedding rows at all.
+  It needs the store on a filesystem every rank shares (`check_shared_embeddings`);
+- **replicated** (minibatch scheme, the whole table in memory on every rank): each step
+  the ranks' (row, gradient) pairs are all-gathered (`gather_rows`) and every rank applies
+  the summed update to its copy, so the copies stay identical; rank 0 alone writes back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -48,8 +72,9 @@ from torch.nn.parallel import DistributedDataParallel
 from graphstore.errors import ConfigError
 from graphstore.nn.accumulate import micro_batch_backward
 
-__all__ = ["DROPOUT_SALT", "all_reduce_values", "dropout_salt", "equal_steps", "node_classification_backward",
-           "rank_and_world", "step_targets", "wrap_model"]
+__all__ = ["DROPOUT_SALT", "all_gather_varlen", "all_reduce_values", "check_shared_embeddings", "dropout_salt",
+           "equal_steps", "gather_rows", "node_classification_backward", "padding_loss", "rank_and_world",
+           "step_targets", "sync_ranks", "wrap_model"]
 
 T = TypeVar("T")
 
@@ -71,16 +96,28 @@ def rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
-def wrap_model(model: torch.nn.Module, device: torch.device | str = "cpu") -> DistributedDataParallel:
+def wrap_model(model: torch.nn.Module, device: torch.device | str = "cpu", *,
+               sum_gradients: bool = False) -> DistributedDataParallel:
     """``model`` in `DistributedDataParallel` on ``device`` (``cuda:LOCAL_RANK`` under NCCL,
     as `init_process_group` set it; the CPU under gloo). DDP broadcasts rank 0's
     parameters at construction, so every rank starts from the same model even if their
-    initialisations differed."""
+    initialisations differed. ``sum_gradients``: the ranks' gradients are summed rather than
+    averaged (`_sum_hook`), for losses already weighted by each rank's share."""
     device = torch.device(device)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return DistributedDataParallel(model, device_ids=[index], output_device=index)
-    return DistributedDataParallel(model)
+        ddp = DistributedDataParallel(model, device_ids=[index], output_device=index)
+    else:
+        ddp = DistributedDataParallel(model)
+    if sum_gradients:
+        ddp.register_comm_hook(None, _sum_hook)
+    return ddp
+
+
+def _sum_hook(state, bucket):
+    """DDP's all-reduce without its division by the world size (a `dist.GradBucket` in, a
+    future of the summed bucket out)."""
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0])
 
 
 def equal_steps(batches: Iterable[T], own: int, steps: int, *, what: str = "batches") -> Iterator[tuple[T, float]]:
@@ -187,3 +224,75 @@ def node_classification_backward(model: torch.nn.Module, batch: Any, *, weight: 
     loss = F.cross_entropy(out, labels, ignore_index=-1, reduction="sum")
     (loss * scale).backward()
     return (float(loss.detach()) if n else 0.0), n
+
+
+# ---------------------------------------------------------------------- link prediction
+
+def padding_loss(model: torch.nn.Module) -> torch.Tensor:
+    """A zero that depends on every parameter of ``model``: the loss of a padding step.
+    Its backward gives every parameter an exact zero gradient, so DDP's all-reduce runs
+    and no batch (or resident graph) is needed to take part in the step."""
+    return sum(p.sum() for p in model.parameters()) * 0.0
+
+
+def sync_ranks(timeout_s: float | None = None) -> None:
+    """Wait until every rank got here (e.g. wrote its round's partitions back). gloo's
+    monitored barrier names a rank that does not arrive within the timeout."""
+    world = rank_and_world()[1]
+    if world < 2:
+        return
+    if dist.get_backend() == "gloo":
+        kwargs = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+        dist.monitored_barrier(**kwargs)
+    else:
+        dist.barrier()
+
+
+def all_gather_varlen(t: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``t`` (same dtype and trailing shape, any length), concatenated in rank
+    order; ``t`` itself in a group of one."""
+    world = rank_and_world()[1]
+    if world < 2:
+        return t
+    size = torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device)
+    sizes = [torch.empty_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    counts = [int(x.item()) for x in sizes]
+    longest = max(counts)
+    padded = t.new_zeros((longest, *t.shape[1:]))
+    padded[:t.shape[0]] = t
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded.contiguous())
+    return torch.cat([part[:n] for part, n in zip(parts, counts)])
+
+
+def gather_rows(ids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The replicated table's step: every rank's ``(ids [n], grads [n, d])`` gathered, then
+    summed per id; returns ``(unique ids, summed gradients)`` (the same on every rank).
+    Rows are summed in rank order, as one process accumulating the ranks' batches would."""
+    every_id = all_gather_varlen(ids.to(torch.int64))
+    every_grad = all_gather_varlen(grads)
+    unique, inverse = torch.unique(every_id, return_inverse=True)
+    summed = grads.new_zeros((unique.numel(), grads.shape[1]))
+    summed.index_add_(0, inverse, every_grad)
+    return unique, summed
+
+
+def check_shared_embeddings(table: Any) -> None:
+    """Raise unless every rank sees the same embedding chunk files (same size and
+    modification time, which a shared filesystem reports alike and copies do not): the
+    owned placement hands partitions between ranks through the store."""
+    world = rank_and_world()[1]
+    if world < 2:
+        return
+    stamps = []
+    for k in range(table.store.num_partitions):
+        st = os.stat(table.chunk_path(k))
+        stamps.append((st.st_size, st.st_mtime_ns))
+    mine = torch.tensor(stamps, dtype=torch.int64).flatten()
+    every = all_gather_varlen(mine[None])
+    differ = [r for r in range(world) if not torch.equal(every[r], every[0])]
+    if differ:
+        raise ConfigError(f"{table.path}: rank(s) {differ} see other embedding files than rank 0: with learnable "
+                          f"embeddings the disk scheme hands partitions between ranks through the store, so every "
+                          f"rank must open the same store on a shared filesystem")

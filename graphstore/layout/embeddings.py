@@ -79,7 +79,7 @@ class EmbeddingTable:
         self.dim = int(array.shape[2])
         self.attrs = dict(array.attrs.get(_ATTRS_KEY, {}))
         self._array = array
-        if store.mode == "r+":
+        if store.mode == "r+" and store.holds_writer_lock:  # not a rank writing under rank 0's lock
             self._remove_dead_writers_temporaries()
 
     def _remove_dead_writers_temporaries(self) -> None:

@@ -53,7 +53,7 @@ _WARNED_UNVERIFIED: set[str] = set()
 _WARN_LOCK = threading.Lock()
 
 
-def open_store(path: str | os.PathLike, mode: str = "r") -> Store:
+def open_store(path: str | os.PathLike, mode: str = "r", *, writer_lock: bool = True) -> Store:
     """Open the store at ``path``.
 
     Parameters
@@ -65,6 +65,11 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> Store:
         writer lock (one writer at a time) and allows writers (embeddings, ``upgrade``).
         Readers never wait for a writer. The locks are released by `Store.close` or when
         the process ends.
+    writer_lock : bool
+        With ``"r+"``: False writes without taking the writer lock, for the ranks of one
+        data-parallel job whose rank 0 holds it on the job's behalf
+        (`graphstore.distributed.data_parallel`: the ranks write disjoint embedding
+        partitions, ordered by the job's barriers). Never for independent processes.
 
     Raises
     ------
@@ -85,13 +90,13 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> Store:
     Traceback (most recent call last):
     graphstore.errors.StoreNotFoundError: missing.gs: no such store
     """
-    return Store(path, mode=mode)
+    return Store(path, mode=mode, writer_lock=writer_lock)
 
 
 class Store:
     """A graphstore store: manifest, lazy arrays, partition and bucket reads, splits, id maps."""
 
-    def __init__(self, path: str | os.PathLike, *, mode: str = "r") -> None:
+    def __init__(self, path: str | os.PathLike, *, mode: str = "r", writer_lock: bool = True) -> None:
         if mode not in _MODES:
             raise ConfigError(f"mode must be one of {_MODES} (got {mode!r})")
         self.path = Path(path)
@@ -100,7 +105,10 @@ class Store:
             raise StoreNotFoundError(f"{self.path}: no such store")
         if not (self.path / "zarr.json").is_file():
             raise StoreNotFoundError(f"{self.path}: not a graphstore store (no zarr.json)")
-        self._lock = StoreLock(self.path, mode="write" if mode == "r+" else "read")
+        self.holds_writer_lock = mode == "r+" and bool(writer_lock)
+        """Whether this opener holds the writer lock (False for a data-parallel rank > 0 that
+        writes under rank 0's)."""
+        self._lock = StoreLock(self.path, mode="write" if self.holds_writer_lock else "read")
         try:
             self._open(mode)
         except BaseException:

@@ -68,7 +68,7 @@ class BufferedLoader:
                  buffer_bytes: int | None, seed: int, prefetch: bool, embedding_dim: int = 0,
                  cache_fraction: float | None = 0.0, policy_options: dict[str, Any] | None = None,
                  train_partitions: Sequence[int] = (), embeddings: EmbeddingTable | None = None,
-                 shard: Shard | None = None) -> None:
+                 shard: Shard | None = None, write_back: bool = True) -> None:
         self.scheme_spec = resolve_scheme(scheme, self.task)
         if capacity is not None and buffer_bytes is not None:
             raise ConfigError("give the buffer as partitions (capacity) or as bytes (buffer_bytes), not both")
@@ -97,7 +97,7 @@ class BufferedLoader:
         self.planner = Planner(store, self.policy, self.capacity, self.seed, self._plan_options())
         if self.scheme_spec.resident_features:
             self.walk = BufferWalk(store, self.planner, prefetch=self.prefetch, embedding_dim=embedding_dim,
-                                   cache=self.cache, embeddings=embeddings, shard=shard)
+                                   cache=self.cache, embeddings=embeddings, shard=shard, write_back=write_back)
         else:  # features stay in the store: the structure alone, built once
             self.walk = StructureWalk(store)
 

@@ -13,9 +13,10 @@ import torch
 __all__ = ["epoch_generator", "epoch_seed"]
 
 
-def epoch_generator(seed: int, epoch: int, salt: int) -> torch.Generator:
-    """A torch generator for one purpose (``salt``) of one epoch."""
-    mixed = np.random.SeedSequence([int(seed), int(epoch), salt]).generate_state(1, np.uint64)[0]
+def epoch_generator(seed: int, epoch: int, salt: int, *stream: int) -> torch.Generator:
+    """A torch generator for one purpose (``salt``) of one epoch; ``stream`` keys a part
+    of the epoch drawn on its own (a data-parallel round and rank), none the whole epoch."""
+    mixed = np.random.SeedSequence([int(seed), int(epoch), salt, *map(int, stream)]).generate_state(1, np.uint64)[0]
     return torch.Generator().manual_seed(int(mixed) & ((1 << 63) - 1))
 
 

@@ -189,9 +189,17 @@ class EdgeLoaderSettings(LoaderSettings):
     """COMET's l (the same every epoch), else None."""
     logical_capacity: int | None = None
     """COMET's logical partitions resident at once, else None."""
+    world_size: int | None = None
+    """Data-parallel ranks sharing each epoch, or None for one process."""
+    embedding_placement: str | None = None
+    """With ``world_size``: ``"owned"`` (each rank holds and writes back the partitions of its
+    states; rounds of disjoint states) or ``"replicated"`` (every rank holds every row, rank 0
+    writes back); None otherwise."""
 
     _KINDS: ClassVar[dict[str, str]] = {
         "batch_size": _INT, "negatives": _INT, "num_chunks": _INT, "degree_fraction": _FLOAT,
-        "fanouts": _INTS, "embedding_dim": _INT, "num_logical_partitions": _INT, "logical_capacity": _INT}
+        "fanouts": _INTS, "embedding_dim": _INT, "num_logical_partitions": _INT, "logical_capacity": _INT,
+        "world_size": _INT, "embedding_placement": _STR}
     _OPTIONAL: ClassVar[frozenset[str]] = frozenset({"fanouts"})
-    _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"num_logical_partitions", "logical_capacity"})
+    _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"num_logical_partitions", "logical_capacity",
+                                                         "world_size", "embedding_placement"})

@@ -25,7 +25,6 @@ samples nothing another rank trains.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -73,10 +72,15 @@ class EpochContext:
     epoch: int
     plan: EpochPlan
     seed: int
+    round: int | None = None
+    """A plan with rounds (`EpochPlan.state_rounds`): the round this pass runs."""
+    stream: tuple[int, ...] = ()
+    """Keys of this pass's own random streams (a round's: ``(round, rank)``); none for a
+    whole epoch."""
 
     def generator(self, salt: int) -> torch.Generator:
-        """The epoch's random stream for one purpose."""
-        return epoch_generator(self.seed, self.epoch, salt)
+        """The epoch's (or the round's) random stream for one purpose."""
+        return epoch_generator(self.seed, self.epoch, salt, *self.stream)
 
 
 class Stage(Protocol[In, Out]):
@@ -151,26 +155,39 @@ class BufferWalk:
 
     def __init__(self, store: Store, planner: Planner, *, prefetch: bool, embedding_dim: int,
                  cache: StaticCache | None, embeddings: EmbeddingTable | None = None,
-                 shard: Shard | None = None) -> None:
+                 shard: Shard | None = None, write_back: bool = True) -> None:
         self.store, self.planner, self.prefetch = store, planner, prefetch
         self.embedding_dim, self.cache, self.embeddings = embedding_dim, cache, embeddings
-        self.shard = shard
+        self.shard, self.write_back = shard, write_back
         self.memory: BufferMemory | None = None
         self.epoch_stats: list[BufferStats] = []
 
-    def _mine(self, plan: EpochPlan) -> range:
-        """The plan's states this rank loads (all of them without a shard)."""
+    def _mine(self, plan: EpochPlan, round: int | None = None) -> Sequence[int]:
+        """The plan's states this rank loads: with rounds, its states of ``round``; else
+        its block (all of them without a shard)."""
+        if plan.state_rounds is not None:
+            rank = 0 if self.shard is None else self.shard.rank
+            return [i for i, (t, r) in enumerate(zip(plan.state_rounds, plan.state_ranks))
+                    if t == round and r == rank]
         return range(len(plan.states)) if self.shard is None else self.shard.states(len(plan.states))
 
     def states(self, ctx: EpochContext, *, lookahead: bool) -> Iterator[LoadedState]:
-        # A rank of a data-parallel run loads its block of the states only; each loaded state
-        # keeps its index in the whole plan, which says what it trains.
-        mine = self._mine(ctx.plan)
+        # A rank of a data-parallel run loads its block of the states only (with rounds, its
+        # states of the round); each loaded state keeps its index in the whole plan, which
+        # says what it trains.
+        rounds = ctx.plan.state_rounds is not None
+        mine = self._mine(ctx.plan, ctx.round)
         states = [ctx.plan.states[i] for i in mine]
+        if not states:  # a data-parallel rank with no state in this round
+            self.epoch_stats.append(BufferStats(states=0, partitions_loaded=0, swaps=0, buckets_read=0,
+                                                requests=0, bytes_read=0, read_seconds=0.0,
+                                                assemble_seconds=0.0, stall_seconds=0.0))
+            return
         # The next epoch's first state is read while this epoch's last state trains, as much
-        # of it as fits in the slots this epoch needs (the budget counted no more).
+        # of it as fits in the slots this epoch needs (the budget counted no more). Not across
+        # rounds: the next round's partitions are other ranks' until they wrote them back.
         following = None
-        if lookahead:
+        if lookahead and not rounds:
             nxt = self.planner.plan(ctx.epoch + 1)
             following = nxt.states[self._mine(nxt)[0]]
         ahead = lookahead_within(states, following, prefetch=self.prefetch)
@@ -181,16 +198,20 @@ class BufferWalk:
                 self.store, need, embedding_dim=self.embedding_dim,
                 cache_rows=0 if self.cache is None else self.cache.num_nodes)
         buffer = BufferManager(self.store, states, prefetch=self.prefetch, memory=self.memory,
-                               embeddings=self.embeddings, static_cache=self.cache, lookahead=ahead)
+                               embeddings=self.embeddings, static_cache=self.cache, lookahead=ahead,
+                               write_back=self.write_back)
         try:
-            if self.shard is None:
+            if self.shard is None and not rounds:
                 yield from buffer
             else:
                 for loaded in buffer:
                     yield replace(loaded, index=mine[loaded.index])
         finally:
-            buffer.close()
+            buffer.close()  # writes back every dirty partition
             self.epoch_stats.append(buffer.stats)
+        if rounds and self.embeddings is not None:
+            # Other ranks update partitions in the store before this rank holds them again.
+            self.memory.forget()
 
 
 class StructureWalk:
@@ -323,20 +344,29 @@ class MicroBatchSplit:
 
 class EdgeTargets:
     """Each state's training edges (the buckets the plan gives it, `ResidentGraph.
-    training_edges`), shuffled, cut into batches of positives."""
+    training_edges`), shuffled, cut into batches of positives. Divided among data-parallel
+    ranks by batches (one state: the minibatch scheme), every rank draws the same order and
+    keeps every N-th batch, as `NodeTargets` does."""
 
-    def __init__(self, batch_size: int) -> None:
+    def __init__(self, batch_size: int, shard: Shard | None = None) -> None:
         self.batch_size = batch_size
+        self.shard = shard
 
     def __call__(self, states: Iterator[LoadedState], ctx: EpochContext) -> Iterator[PositiveEdges]:
         order_gen = ctx.generator(SALT_EDGE_ORDER)
         bucket_states = ctx.plan.bucket_states
+        by_batches = (self.shard is not None and ctx.plan.state_rounds is None
+                      and not self.shard.by_states(len(ctx.plan.states)))
+        index = 0
         for loaded in states:
             g = loaded.graph
             src, dst, edges = g.training_edges(bucket_states, loaded.index)
             order = torch.randperm(edges.numel(), generator=order_gen)
             src, dst, edges = src[order], dst[order], edges[order]
             for start in range(0, edges.numel(), self.batch_size):
+                index += 1
+                if by_batches and not self.shard.takes_batch(index - 1):
+                    continue
                 e = edges[start:start + self.batch_size]
                 rel = g.rel[e] if g.rel is not None else torch.zeros(e.numel(), dtype=torch.int64)
                 yield PositiveEdges(g, src[start:start + self.batch_size], dst[start:start + self.batch_size], rel)
@@ -400,8 +430,3 @@ def bucket_edge_counts(plan: EpochPlan, bucket_sizes: np.ndarray) -> list[int]:
     states = np.asarray(plan.bucket_states)
     return np.bincount(states.ravel(), weights=bucket_sizes.ravel(), minlength=len(plan.states)).astype(
         np.int64).tolist()
-
-
-def batches_of(counts: Sequence[int], batch_size: int) -> int:
-    """Batches of ``batch_size`` when each count is cut separately."""
-    return int(sum(math.ceil(n / batch_size) for n in counts))

@@ -37,15 +37,15 @@ from tests.conftest import REPO
 
 LINK = [n for n in policy_names() if get_policy(n).task in ("link", "both")]
 NODE = [n for n in policy_names() if get_policy(n).task in ("node", "both")]
-RANDOMISED_LINK = ["beta", "comet"]
+RANDOMISED_LINK = ["beta", "comet", "disjoint"]
 RANDOMISED_NODE = ["sequential", "dispersed", "hierbatching"]
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def test_the_registry_holds_the_six_policies():
-    assert policy_names() == ("beta", "comet", "dispersed", "hierbatching", "in_memory", "sequential")
-    assert set(LINK) == {"beta", "comet", "in_memory"}
+def test_the_registry_holds_the_seven_policies():
+    assert policy_names() == ("beta", "comet", "disjoint", "dispersed", "hierbatching", "in_memory", "sequential")
+    assert set(LINK) == {"beta", "comet", "disjoint", "in_memory"}
     assert set(NODE) == {"sequential", "dispersed", "hierbatching", "in_memory"}
 
 
@@ -55,7 +55,7 @@ def valid_capacity(name: str, p: int, c: int) -> bool:
         return c >= p
     if name == "sequential":  # with the default train_partitions: all of them
         return c >= p
-    if name in ("beta", "comet"):
+    if name in ("beta", "comet", "disjoint"):
         return p == 1 or c >= 2
     return True
 
@@ -420,3 +420,35 @@ def test_dispersed_at_the_benchmark_setting_reads_each_partition_once():
     # p = 64, c = 2: the old DISPERSED read 119-125 partitions an epoch; MariusGNN's reads 64.
     plan = plan_epoch("dispersed", num_partitions=64, capacity=2, seed=0)
     assert len(plan.states) == 63 and plan.num_swaps + 2 == 64
+
+
+# ---------------------------------------------------------------- disjoint (data-parallel rounds)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_disjoint_rounds_hold_each_partition_once_and_train_every_bucket_once(world):
+    for p in range(1, 19):
+        for c in sorted({2, 3, 4, max(2, p // 2), p}):
+            plan = plan_epoch("disjoint", num_partitions=p, capacity=c, epoch=2, seed=7, world_size=world)
+            b = np.asarray(plan.bucket_states)
+            i, j = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
+            held = membership(plan)  # [states, p]
+            assert held[b, i].all() and held[b, j].all(), (p, c, world)  # both ends resident
+            assert all(len(s) <= c for s in plan.states)
+            rounds, ranks = np.asarray(plan.state_rounds), np.asarray(plan.state_ranks)
+            assert (np.diff(rounds) >= 0).all() and set(ranks.tolist()) <= set(range(world))
+            for t in np.unique(rounds):  # a round's states are disjoint: ranks never share a row
+                assert held[rounds == t].sum(axis=0).max() == 1, (p, c, world, t)
+            # Rounds are listed rank by rank, and p >= 2N gives every rank a state each round.
+            if p >= 2 * world and c >= 2:
+                assert all(set(ranks[rounds == t].tolist()) == set(range(world)) for t in np.unique(rounds))
+
+
+def test_disjoint_balances_the_ranks_and_regroups_every_epoch():
+    plans = [plan_epoch("disjoint", num_partitions=16, capacity=4, epoch=e, seed=1, world_size=2) for e in range(3)]
+    assert plans[0].options == {"world_size": 2, "group_size": 2, "num_groups": 8, "num_rounds": 7}
+    assert len(plans[0].states) == 28 and np.bincount(plans[0].state_ranks).tolist() == [14, 14]
+    assert plans[0].logical_groups != plans[1].logical_groups
+    # With many more ranks than groups, the groups shrink to one partition and rounds still cover.
+    tiny = plan_epoch("disjoint", num_partitions=3, capacity=2, epoch=0, seed=0, world_size=4)
+    assert tiny.options["group_size"] == 1 and len(tiny.states) == 3

@@ -15,6 +15,9 @@ values; `register_policy` adds one, `get_policy` and `policy_names` read it)::
     dispersed      node   c random partitions, one swap per state   each training node once, in a random
                                                                      state holding its partition
     hierbatching   node   a shuffled mega-batch of c partitions     its partitions, ``reuse`` passes
+    disjoint       link   two random groups of <= c/2 partitions    buckets between its groups, some inside
+                          (rounds of disjoint states, one share     them: each state is a data-parallel
+                          per data-parallel rank)                   rank's while the others train theirs
     in_memory      both   all p partitions (needs c >= p)           everything, once
 
 ``capacity`` larger than ``num_partitions`` is clamped to ``num_partitions`` (a buffer cannot
@@ -130,6 +133,12 @@ class EpochPlan:
     """hierbatching given a ``static_cache``: ``[k] int64`` store ids of the cache's nodes
     (chosen by `graphstore.buffer.cache`), ascending; kept resident all epoch. None when
     not requested."""
+    state_rounds: list[int] | None = None
+    """DISJOINT (data parallelism): the round of each state. The states of one round are
+    pairwise disjoint and trained by different ranks at once; rounds run in order, with a
+    write-back and a barrier between them. None: the states run one after another."""
+    state_ranks: list[int] | None = None
+    """DISJOINT: the data-parallel rank that trains each state."""
     options: dict[str, Any] = field(default_factory=dict)
     """The policy options in effect (defaults filled in), for reports and reproduction."""
 
@@ -209,6 +218,7 @@ class EpochPlan:
             "num_swaps": self.num_swaps,
             "states": [list(s) for s in self.states],
         }
+        out["state_rounds"], out["state_ranks"] = self.state_rounds, self.state_ranks
         for name in ("train_partitions", "logical_states"):
             value = getattr(self, name)
             out[name] = None if value is None else [list(s) for s in value]
@@ -278,7 +288,7 @@ def policy_names() -> tuple[str, ...]:
 
     >>> from graphstore.buffer import policy_names
     >>> policy_names()
-    ('beta', 'comet', 'dispersed', 'hierbatching', 'in_memory', 'sequential')
+    ('beta', 'comet', 'disjoint', 'dispersed', 'hierbatching', 'in_memory', 'sequential')
     """
     return POLICIES.names()
 
