@@ -159,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
                         description="Print the buffer states of one epoch and what each trains, "
                                     "so you can see what an epoch will read before training.")
     pl.add_argument("--policy", required=True, metavar="NAME",
-                    help="comet, beta, sequential, dispersed, hierbatching or in_memory")
+                    help="comet, beta, disjoint, sequential, dispersed, hierbatching or in_memory")
     pl.add_argument("--partitions", type=positive_int, required=True, metavar="P",
                     help="number of partitions")
     pl.add_argument("--capacity", type=positive_int, required=True, metavar="C",
@@ -172,6 +172,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--train-partitions", type=_id_list, metavar="0,1,2",
                     help="node policies: partitions holding training nodes (default all)")
     pl.add_argument("--task", choices=["link", "node"], help="in_memory: plan only this task's fields")
+    pl.add_argument("--world-size", type=positive_int, metavar="N",
+                    help="disjoint: data-parallel ranks sharing each round (default 1)")
     pl.add_argument("--json", action="store_true", help="print the whole plan as JSON")
 
     fig = sub.add_parser("plot", help="draw trainer runs' metrics files (needs matplotlib)",
@@ -347,7 +349,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     options = {
         key: getattr(args, attr)
         for key, attr in (("reuse", "reuse"), ("num_logical_partitions", "num_logical_partitions"),
-                          ("train_partitions", "train_partitions"), ("task", "task"))
+                          ("train_partitions", "train_partitions"), ("task", "task"), ("world_size", "world_size"))
         if getattr(args, attr) is not None
     }
     start = time.perf_counter()
@@ -371,7 +373,9 @@ def _run_plan(args: argparse.Namespace) -> int:
             break
         trains = ("" if state.train_partitions is None
                   else f"  trains {list(state.train_partitions)} x{state.passes}")
-        print(f"  state {state.index}: {list(state.partitions)}{trains}")
+        owner = ("" if plan.state_rounds is None
+                 else f"  round {plan.state_rounds[state.index]}, rank {plan.state_ranks[state.index]}")
+        print(f"  state {state.index}: {list(state.partitions)}{trains}{owner}")
     if plan.static_cache is not None:
         print(f"  static cache: {len(plan.static_cache)} nodes")
     return 0

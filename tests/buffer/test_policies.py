@@ -391,6 +391,13 @@ def test_cli_prints_the_plan_as_json():
     out = json.loads(run("--policy", "comet", "--partitions", 16, "--capacity", 4,
                          "--num-logical-partitions", 4, "--capacity", 8, "--json").stdout)
     assert len(out["logical_groups"]) == 4
+    out = json.loads(run("--policy", "disjoint", "--partitions", 8, "--capacity", 4, "--world-size", 2,
+                         "--json").stdout)
+    direct = plan_epoch("disjoint", num_partitions=8, capacity=4, world_size=2)
+    assert (out["state_rounds"], out["state_ranks"]) == (direct.state_rounds, direct.state_ranks) == (
+        [0, 0, 1, 1, 2, 2], [0, 1, 0, 1, 0, 1])
+    text = run("--policy", "disjoint", "--partitions", 8, "--capacity", 4, "--world-size", 2).stdout
+    assert "state 1: " in text and "round 0, rank 1" in text
 
 
 def test_cli_summary_and_errors():

@@ -196,3 +196,20 @@ def test_the_link_trainer_runs_and_resumes_exactly_under_torchrun(kg, tmp_path):
         with graphstore.open(stores[d]) as store:
             tables.append(EmbeddingTable.open(store).read_all())
     assert (tables[0] == tables[1]).all()
+
+
+def test_more_ranks_than_partition_pairs_still_train_every_edge(tmp_path):
+    """Two partitions, three ranks: the disjoint plan has one state, so two ranks only take
+    part in its steps (padding), and every edge still trains once."""
+    write_clustered_kg(tmp_path / "src", num_nodes=60, num_triples=400)
+    store = tmp_path / "kg2.gs"
+    graphstore.convert(tmp_path / "src", store, num_partitions=2, partitioner="random")
+    out = tmp_path / "m.json"
+    done = torchrun(3, REPO / "trainers" / "link_prediction.py", "--store", store, "--scheme", "disk",
+                    "--embedding-dim", "8", "--negatives", "8", "--batch-size", "32", "--epochs", "2",
+                    "--metrics-out", out, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    m = json.loads(out.read_text())
+    with graphstore.open(store) as s:
+        assert all(e["train_edges"] == s.num_edges for e in m["epochs"])
+    assert m["config"]["loader"]["policy"] == "disjoint" and m["final"]["test"]["mrr"] > 0
