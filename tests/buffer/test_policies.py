@@ -453,8 +453,16 @@ def test_disjoint_rounds_hold_each_partition_once_and_train_every_bucket_once(wo
 
 def test_disjoint_balances_the_ranks_and_regroups_every_epoch():
     plans = [plan_epoch("disjoint", num_partitions=16, capacity=4, epoch=e, seed=1, world_size=2) for e in range(3)]
-    assert plans[0].options == {"world_size": 2, "group_size": 2, "num_groups": 8, "num_rounds": 7}
+    options = plans[0].options
+    assert {k: options[k] for k in ("world_size", "group_size", "num_groups", "num_rounds")} == {
+        "world_size": 2, "group_size": 2, "num_groups": 8, "num_rounds": 7}
     assert len(plans[0].states) == 28 and np.bincount(plans[0].state_ranks).tolist() == [14, 14]
+    # Equal work for every rank in every round: each state trains its two groups' 8 buckets
+    # between them, and in one round also the 4 + 4 inside them.
+    buckets = np.bincount(np.asarray(plans[0].bucket_states).ravel(), minlength=28)
+    rounds = np.asarray(plans[0].state_rounds)
+    assert (buckets[rounds != options["inner_round"]] == 8).all()
+    assert (buckets[rounds == options["inner_round"]] == 16).all()
     assert plans[0].logical_groups != plans[1].logical_groups
     # With many more ranks than groups, the groups shrink to one partition and rounds still cover.
     tiny = plan_epoch("disjoint", num_partitions=3, capacity=2, epoch=0, seed=0, world_size=4)

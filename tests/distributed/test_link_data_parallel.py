@@ -111,8 +111,9 @@ def test_ranks_train_as_one_process_accumulating_their_batches(kg, tmp_path, npr
         assert r["placement"] == ("replicated" if case.startswith("minibatch") else "owned")
         if case.startswith("disk"):
             assert r["policy"] == "disjoint" and r["rounds"] > 1
-    # Ranks had different batch counts in some round (padding steps were needed and matched).
-    assert any(len(set(ranks)) > 1 for r in results.values() for epoch in r["batches_per_round"]
+    # Three ranks share a round's four partition pairs unevenly: some rank pads (and the
+    # padding steps matched the others' steps).
+    assert nproc == 2 or any(len(set(ranks)) > 1 for r in results.values() for epoch in r["batches_per_round"]
                for ranks in zip(*epoch))
     print(f"link data-parallel exactness, {nproc} ranks, 4 cases x 2 epochs: {time.monotonic() - start:.1f} s; "
           + ", ".join(f"{c} {r['param_diff']:.1e}/{r['table_diff']:.1e}" for c, r in results.items()))

@@ -23,9 +23,12 @@ This plan is built for it, from COMET's idea of random logical groups:
    ``(i + t) % N``, so no rank always gets the odd one out):
    the states of one round are pairwise disjoint, so the ranks train them concurrently;
    between rounds the ranks write back and wait for each other (the trainer's barrier);
-4. bucket (i, j) between two groups trains in the one state holding their pair; a bucket
-   inside one group (i and j in the same group, i == j included) in a state drawn
-   uniformly among the ``l - 1`` holding that group (COMET also draws buckets' states).
+4. bucket (i, j) between two groups trains in the one state holding their pair; the buckets
+   inside the groups (i and j in one group, i == j included) all train in one round drawn
+   per epoch, each in the state of that round holding its group (a group resting in that
+   round: in a random state holding it). Steps are padded to the round's busiest rank, so
+   spreading them at random (as COMET draws buckets' states) would raise the busiest rank
+   of most rounds; gathered, they raise one round's, about equally for every rank.
 
 States are listed round by round, each round rank by rank (`EpochPlan.state_rounds`,
 `EpochPlan.state_ranks`). With N = 1 it is a valid single-process plan (each state a
@@ -88,6 +91,7 @@ def plan_disjoint(*, num_partitions: int, capacity: int, epoch: int, seed: int, 
 
     states: list[tuple[int, ...]] = []
     pair_states: dict[tuple[int, int], int] = {}
+    round_of_group: dict[tuple[int, int], int] = {}  # (round, group) -> the state holding it
     rounds_of: list[int] = []
     ranks_of: list[int] = []
     held_by: list[list[int]] = [[] for _ in range(num_groups)]  # states holding each group
@@ -99,19 +103,22 @@ def plan_disjoint(*, num_partitions: int, capacity: int, epoch: int, seed: int, 
                 members = np.concatenate([groups[a], groups[b]]) if a != b else groups[a]
                 pair_states[(a, b)] = len(states)
                 held_by[a].append(len(states))
+                round_of_group[(t, a)] = round_of_group[(t, b)] = len(states)
                 if b != a:
                     held_by[b].append(len(states))
                 states.append(tuple(sorted(members.tolist())))
                 rounds_of.append(t)
                 ranks_of.append(r)
 
-    # Buckets between two groups: their pair's state; inside a group: a random state holding it.
+    # Buckets between two groups: their pair's state; inside a group: the state holding it in
+    # the epoch's round for them (or, resting then, a random state holding it).
     lo, hi = np.minimum.outer(group_of, group_of), np.maximum.outer(group_of, group_of)
     table = np.full((num_groups, num_groups), -1, dtype=np.int32)
     for (a, b), s in pair_states.items():
         table[a, b] = s
+    inner_round = int(rng.integers(len(schedule)))
     for a in range(num_groups):
-        table[a, a] = held_by[a][int(rng.integers(len(held_by[a])))]
+        table[a, a] = round_of_group.get((inner_round, a), held_by[a][int(rng.integers(len(held_by[a])))])
     bucket_states = table[lo, hi]
     return EpochPlan(
         policy="disjoint", task=TASK_LINK, num_partitions=p, capacity=c, epoch=epoch, seed=seed,
@@ -119,5 +126,5 @@ def plan_disjoint(*, num_partitions: int, capacity: int, epoch: int, seed: int, 
         logical_groups=tuple(tuple(g.tolist()) for g in groups),
         state_rounds=rounds_of, state_ranks=ranks_of,
         options={"world_size": n_ranks, "group_size": group_size, "num_groups": num_groups,
-                 "num_rounds": len(schedule)},
+                 "num_rounds": len(schedule), "inner_round": inner_round},
     )
