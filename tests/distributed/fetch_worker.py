@@ -6,7 +6,12 @@ under DDP through the trainer's `train_epoch` ends where the same run reading th
 ends, and where one process replaying the ranks' batches with gradient accumulation ends
 (`dp_worker.replay`); (c) the fetch counters per epoch. Ranks split the replays.
 
-    torchrun --nproc-per-node 2 tests/distributed/fetch_worker.py STORE OUT_DIR
+    torchrun --nproc-per-node 2 tests/distributed/fetch_worker.py STORE OUT_DIR [CASE ...]
+
+CASEs default to B = 1 and B = all. ``fetch-split`` is B = all under a ``macro_batch_bytes``
+that holds about two mini-batches' rows, so each rank's one macro-batch is fetched in
+several collective rounds; run with ``fetch-Ball`` too, it also records how far it ends
+from the unsplit run (``vs_unsplit_max_abs_diff``).
 """
 
 from __future__ import annotations
@@ -24,8 +29,14 @@ from tests.distributed import dp_worker
 from trainers import node_classification as nc
 
 SEED, EPOCHS = dp_worker.SEED, dp_worker.EPOCHS
+# Cora: 1433 float32 features, 5,732 bytes a row; a 16-target batch with fanouts (4, 3) has
+# 105-145 input rows (0.6-0.8 MB), so 1.6 MB holds the union of about two: 2-3 rounds a rank
+# in place of 1, while the samples (kilobytes) never cut the macro-batch short.
+SPLIT_BYTES = 1_600_000
 CASES = {"fetch-B1": ("macrobatch", {"macro_batches": 1}, None),
-         "fetch-Ball": ("macrobatch", {"macro_batches": -1}, None)}
+         "fetch-Ball": ("macrobatch", {"macro_batches": -1}, None),
+         "fetch-split": ("macrobatch", {"macro_batches": -1, "macro_batch_bytes": SPLIT_BYTES}, None)}
+DEFAULT_CASES = ("fetch-B1", "fetch-Ball")
 dp_worker.CASES.update(CASES)  # the replay builds its (store-reading) loaders from these
 
 
@@ -51,12 +62,13 @@ def train(store, case: str, rank: int, world: int, fetch) -> tuple[torch.Tensor,
 def main() -> int:
     torch.set_num_threads(1)
     store_path, out_dir = sys.argv[1], Path(sys.argv[2])
+    cases = sys.argv[3:] or DEFAULT_CASES
     rank, world = init_process_group("cpu", timeout_s=60)
     store = graphstore.open(store_path)
     fetch = PartitionedFetch(store, timeout_s=60)
     everything = torch.from_numpy(store.read_rows("nodes/features", 0, store.num_nodes))
-    results = {}
-    for i, case in enumerate(CASES):
+    results, params = {}, {}
+    for i, case in enumerate(cases):
         # (a) an epoch's batches, their features against the store's rows.
         worst, batches = 0.0, 0
         for batch in loader(store, case, rank, world, fetch).epoch(0):
@@ -73,10 +85,16 @@ def main() -> int:
             want, counts = dp_worker.replay(store, case, world)
             r.update(replay_max_abs_diff=float((trained - want).abs().max()), batches_per_rank=counts)
         results[case] = r
+        params[case] = trained
+    if "fetch-split" in params and "fetch-Ball" in params:
+        results["fetch-split"]["vs_unsplit_max_abs_diff"] = float((params["fetch-split"] - params["fetch-Ball"])
+                                                                  .abs().max())
     store.close()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"rank{rank}.json").write_text(json.dumps({"world_size": world, "rank": rank,
                                                           "num_nodes": int(everything.shape[0]),
+                                                          "feature_dim": int(everything.shape[1]),
+                                                          "split_bytes": SPLIT_BYTES,
                                                           "results": results}))
     return 0
 

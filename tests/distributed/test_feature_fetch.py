@@ -3,7 +3,9 @@ gloo on loopback: each rank holds only its block of partitions' rows, a macro-ba
 union comes from the owners in one collective round, the batches' features are the store's,
 two ranks train to the parameters of the same run reading the store and of one process
 replaying their batches (float64, to 1e-10), and the collective rounds are the macro-batch
-rounds (B = all: one per epoch; B = 1: one per mini-batch), padded to equal counts.
+rounds (B = all: one per epoch; B = 1: one per mini-batch), padded to equal counts; a
+``macro_batch_bytes`` smaller than a macro-batch's union splits it into several collective
+rounds and changes nothing in training.
 """
 
 from __future__ import annotations
@@ -60,6 +62,41 @@ def test_two_ranks_fetch_from_the_owners_and_train_as_one_process(cora, tmp_path
     assert ball < b1  # the union of all batches fetches each remote row once
     print(f"distributed fetch, 2 ranks: {time.monotonic() - start:.1f} s; remote rows B=1 {b1}, B=all {ball}; "
           + ", ".join(f"{c} replay {r['replay_max_abs_diff']:.1e}" for c, r in replayed.items()))
+
+
+def test_a_byte_cap_splits_the_union_into_rounds_and_trains_the_same(cora, tmp_path):  # noqa: F811
+    done = torchrun(2, HERE / "fetch_worker.py", cora, tmp_path, "fetch-split", "fetch-Ball", timeout=110)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    cap = ranks[0]["split_bytes"]  # fetch_worker.SPLIT_BYTES (not imported: it edits dp_worker.CASES)
+    split = [r["results"]["fetch-split"] for r in ranks]
+    unsplit = [r["results"]["fetch-Ball"] for r in ranks]
+    for r, whole in zip(split, unsplit, strict=True):
+        assert r["features_max_abs_diff"] == 0.0 and r["batches_checked"] == r["epochs"][0]["batches"]
+        # Training: bit for bit the unsplit run (the same samples, the same rows), and the
+        # run reading the store.
+        assert r["vs_unsplit_max_abs_diff"] == 0.0 and r["vs_store_max_abs_diff"] < 1e-10, r
+        assert r["moved"] > 1e-3 and r["epochs"][1]["loss"] < r["epochs"][0]["loss"]
+        for e, w in zip(r["epochs"], whole["epochs"], strict=True):
+            s, u = e["stats"], w["stats"]
+            assert e["loss"] == w["loss"] and e["batches"] == w["batches"]
+            # One macro-batch (the cap never cut the samples short), its union in several
+            # collective rounds, each round one exchange; each round's union under the cap.
+            assert s["macro_batches"] == u["macro_batches"] == u["rounds"] == u["exchanges"] == 1, (s, u)
+            assert s["exchanges"] == s["rounds"] > s["macro_batches"], s
+            assert s["rows_union"] <= s["rounds"] * cap // (4 * ranks[0]["feature_dim"])
+            # Rounds re-fetch rows their neighbours also need: at least the one union's rows.
+            assert s["rows_union"] >= u["rows_union"] and s["rows_requested"] == u["rows_requested"]
+            assert s["rows_local"] + s["rows_remote"] == s["rows_union"] == s["rows_fetched"]
+            assert s["rows_remote"] > 0 and s["bytes_read"] == 0
+    # One process replaying the ranks' batches (rank 0 replayed the split case).
+    replayed = split[0]
+    assert replayed["replay_max_abs_diff"] < 1e-10, replayed
+    for epoch in range(2):
+        stats = [r["epochs"][epoch]["stats"] for r in split]
+        assert len({s["exchanges"] + s["padding_exchanges"] for s in stats}) == 1, stats
+    rounds = [[r["epochs"][e]["stats"]["rounds"] for r in split] for e in range(2)]
+    print(f"byte cap {cap:,}: rounds per rank {rounds}, replay {replayed['replay_max_abs_diff']:.1e}")
 
 
 def test_the_fetch_is_injected_only_where_it_can_run(cora):  # noqa: F811
