@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from graphstore.errors import ConfigError, GraphStoreError
-from graphstore.loaders.seeds import epoch_seed  # noqa: F401  (the trainers seed dropout per epoch with it)
 from graphstore.layout._durable import fsync_tree, write_atomically
+from graphstore.loaders.seeds import epoch_seed
 from graphstore.units import jsonable
 
 __all__ = [
@@ -123,8 +123,9 @@ def peak_memory_bytes() -> int:
 
 
 def versions() -> dict[str, str]:
-    import graphstore
     import zarr
+
+    import graphstore
 
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
             "zarr": zarr.__version__, "graphstore": graphstore.__version__}
@@ -264,6 +265,37 @@ def run(prog: str, main: Callable[[Sequence[str] | None], int], argv: Sequence[s
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+def under_torchrun() -> bool:
+    """Whether torchrun started this process as one of several ranks."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def run_ranks(train: Callable[[Any], int], args: Any) -> int:
+    """``train(args)``; under torchrun any error prints one line naming the rank and ends the
+    process at once (`graphstore.distributed.fail_fast`: torchrun then stops the other ranks,
+    none is left waiting in a collective), and the process group is torn down after."""
+    if not under_torchrun():
+        return train(args)
+    from graphstore.distributed import fail_fast
+
+    status = fail_fast(train)(args)
+    torch.distributed.destroy_process_group()
+    return status
+
+
+def join_ranks(device: torch.device) -> tuple[int, int, torch.device]:
+    """``(rank, world_size, device)``: the process group torchrun set up joined (gloo on CPU,
+    NCCL on CUDA, each rank on ``cuda:LOCAL_RANK``), or ``(0, 1, device)`` alone."""
+    if not under_torchrun():
+        return 0, 1, device
+    from graphstore.distributed import init_process_group
+
+    rank, world = init_process_group(device)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())  # LOCAL_RANK's, set by the group
+    return rank, world, device
 
 
 def configure_logging(verbose: bool) -> None:

@@ -75,7 +75,6 @@ import argparse
 import contextlib
 import dataclasses
 import itertools
-import os
 import shutil
 import sys
 import time
@@ -92,9 +91,7 @@ from graphstore.distributed import (
     all_gather_varlen,
     all_reduce_values,
     check_shared_embeddings,
-    fail_fast,
     gather_rows,
-    init_process_group,
     padding_loss,
     rank_and_world,
     sync_ranks,
@@ -757,24 +754,12 @@ def open_for_run(args: LinkPredictionOptions, learnable: bool):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = LinkPredictionOptions.parse(argv)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # Under torchrun: any error prints one line naming the rank and exits at once, and
-        # torchrun then stops the other ranks (no rank left waiting in a collective).
-        status = fail_fast(_train)(args)
-        torch.distributed.destroy_process_group()
-        return status
-    return _train(args)
+    return common.run_ranks(_train, LinkPredictionOptions.parse(argv))
 
 
 def _train(args: LinkPredictionOptions) -> int:
     common.configure_logging(args.verbose)
-    device = common.resolve_device(args.device)
-    rank, world = 0, 1
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        rank, world = init_process_group(device)
-        if device.type == "cuda":
-            device = torch.device("cuda", torch.cuda.current_device())  # LOCAL_RANK's, set by the group
+    rank, world, device = common.join_ranks(common.resolve_device(args.device))
     say = print if rank == 0 else (lambda *a, **k: None)
     store = graphstore.open(args.store)
     try:  # the store's locks are released when the run ends, however it ends

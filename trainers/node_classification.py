@@ -67,7 +67,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -79,7 +78,6 @@ from torch.nn import functional as F
 
 import graphstore
 from graphstore.buffer import POLICIES as POLICY_REGISTRY
-from graphstore.distributed.comm import fail_fast, init_process_group
 from graphstore.distributed.data_parallel import (
     all_reduce_values,
     dropout_salt,
@@ -509,24 +507,12 @@ def evaluate_exact(model, store, capacity: int, args: NodeClassificationOptions,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = NodeClassificationOptions.parse(argv)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # Under torchrun: any error prints one line naming the rank and exits at once, and
-        # torchrun then stops the other ranks (no rank left waiting in a collective).
-        status = fail_fast(_train)(args)
-        torch.distributed.destroy_process_group()
-        return status
-    return _train(args)
+    return common.run_ranks(_train, NodeClassificationOptions.parse(argv))
 
 
 def _train(args: NodeClassificationOptions) -> int:
     common.configure_logging(args.verbose)
-    device = common.resolve_device(args.device)
-    rank, world = 0, 1
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        rank, world = init_process_group(device)
-        if device.type == "cuda":
-            device = torch.device("cuda", torch.cuda.current_device())  # LOCAL_RANK's, set by the group
+    rank, world, device = common.join_ranks(common.resolve_device(args.device))
     say = print if rank == 0 else (lambda *a, **k: None)
     store = graphstore.open(args.store)
     try:  # the store's locks are released when the run ends, however it ends
