@@ -192,13 +192,7 @@ def run_batchgnn(store: Path, args) -> list[dict]:
                 spec = {"mode": "batchgnn", "store": str(store), "model": "sage", "hidden": args.hidden,
                         "fanouts": fanouts, "batch_size": args.batch_size, "macro_batches": b,
                         "placement": placement, "timeout": args.timeout, "out": str(work / f"{name}.json")}
-                env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-                cmd = [str(TORCHRUN), "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
-                       "--master-port", str(free_port()), str(Path(__file__).resolve()), "--child", json.dumps(spec)]
-                done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
-                                      check=False)
-                if done.returncode != 0:
-                    raise RuntimeError(f"{name} failed: {done.stderr[-1500:]}")
+                torchrun(world, child_argv(spec), timeout=args.timeout, what=name)
                 c = {"mode": "batchgnn", "model": "sage", "world_size": world, "feature_placement": placement,
                      "macro_batches": "all" if b == -1 else b, **json.loads(Path(spec["out"]).read_text())}
                 cases.append(c)
@@ -414,14 +408,8 @@ def run_ddp(store: Path, args) -> list[dict]:
                 spec = {"mode": "ddp", "task": task, "store": str(store), "model": "sage", "hidden": args.hidden,
                         "fanouts": fanouts, "batch_size": args.batch_size, "scheme": scheme,
                         "timeout": args.timeout, "out": str(work / f"{name}.json")}
-                env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-                cmd = [str(TORCHRUN), "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
-                       "--master-port", str(free_port()), str(Path(__file__).resolve()), "--child", json.dumps(spec)]
                 begin = time.perf_counter()
-                done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
-                                      check=False)
-                if done.returncode != 0:
-                    raise RuntimeError(f"{name} failed: {done.stderr[-1500:]}")
+                torchrun(world, child_argv(spec), timeout=args.timeout, what=name)
                 c = {"mode": "ddp", "task": task, "model": "sage", "scheme": scheme, "world_size": world,
                      **json.loads(Path(spec["out"]).read_text()), "process_s": time.perf_counter() - begin}
                 cases.append(c)
@@ -567,13 +555,8 @@ ACCURACY_SELECTION = ("per run, test accuracy at the epoch of best validation ac
 
 def _accuracy_run(name: str, store: Path, world: int, seed: int, extra: list[str], args) -> dict:
     out = args.workdir / f"accuracy_{name}_{world}_s{seed}.json"
-    cmd = [str(TORCHRUN), "--nproc-per-node", str(world), "--master-addr", "127.0.0.1", "--master-port",
-           str(free_port()), str(REPO / "trainers" / "full_batch.py"), "--store", str(store),
-           "--metrics-out", str(out), *ACCURACY_FLAGS, *extra, "--seed", str(seed)]
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"accuracy {name} x{world} seed {seed} failed: {done.stderr[-1500:]}")
+    torchrun(world, [REPO / "trainers" / "full_batch.py", "--store", store, "--metrics-out", out, *ACCURACY_FLAGS,
+                     *extra, "--seed", seed], timeout=args.timeout, what=f"accuracy {name} x{world} seed {seed}")
     return json.loads(out.read_text())
 
 
@@ -642,6 +625,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun(world: int, argv: list[str], *, timeout: float, what: str) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node world argv...`` on loopback (gloo, one thread per rank);
+    raises naming ``what`` with the end of its stderr when the job fails."""
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [str(TORCHRUN), "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), *map(str, argv)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed: {done.stderr[-1500:]}")
+    return done
+
+
+def child_argv(spec: dict) -> list[str]:
+    """This script run as one rank of a case described by ``spec``."""
+    return [str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+
+
 def run_case(store: Path, model: str, case: str, world: int, args) -> dict:
     mode, chunk = MODES[case]
     work = args.workdir / "cases"
@@ -650,13 +650,8 @@ def run_case(store: Path, model: str, case: str, world: int, args) -> dict:
     spec = {"store": str(store), "model": model, "mode": mode, "layers": args.layers, "hidden": args.hidden,
             "heads": args.heads, "edge_chunk": args.edge_chunk if chunk == "chunk" else None,
             "timeout": args.timeout, "out": str(work / f"{name}.json"), "grads": str(work / f"{name}.pt")}
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [str(TORCHRUN), "--nproc-per-node", str(world), "--master-addr", "127.0.0.1", "--master-port",
-           str(free_port()), str(Path(__file__).resolve()), "--child", json.dumps(spec)]
     start = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{name} failed: {done.stderr[-1500:]}")
+    torchrun(world, child_argv(spec), timeout=args.timeout, what=name)
     result = json.loads(Path(spec["out"]).read_text())
     return {"mode": mode, "model": model, "world_size": world, "fused": chunk == "chunk",
             "edge_chunk": spec["edge_chunk"], "grad_max_abs_diff": None, "process_s": time.perf_counter() - start,

@@ -42,8 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -51,7 +49,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-TORCHRUN = Path(sys.executable).with_name("torchrun")
+from tools.bench_distributed import torchrun
+
 DATA = REPO.parent / "shared" / "data" / "wn18rr" / "WN18RR.tar.gz"
 CONFIG = REPO / "trainers" / "configs" / "wn18rr_distmult.toml"
 SCHEME_FLAGS = {"minibatch": ["--scheme", "minibatch"], "disk": ["--scheme", "disk", "--buffer-partitions", "4"]}
@@ -157,22 +156,6 @@ def child(spec: dict) -> None:
     run()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(world: int, argv: list[str], *, timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [str(TORCHRUN), "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), *argv]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-    return done
-
-
 def store_for(work: Path) -> Path:
     import graphstore
 
@@ -186,7 +169,7 @@ def store_for(work: Path) -> Path:
 def run_case(store: Path, scheme: str, world: int, work: Path) -> dict:
     out = work / f"{scheme}_{world}"
     spec = {"store": str(store), "scheme": scheme, "out": str(out)}
-    torchrun(world, [__file__, "--child", json.dumps(spec)], timeout=3600)
+    torchrun(world, [__file__, "--child", json.dumps(spec)], timeout=3600, what=f"{scheme} x{world}")
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     return {"mode": "ddp", "task": "link", "model": "distmult", "scheme": scheme, "world_size": world,
             "embedding_placement": ranks[0]["placement"], "policy": ranks[0]["policy"], "rounds": ranks[0]["rounds"],
@@ -205,8 +188,9 @@ def run_accuracy(store: Path, work: Path, schemes: list[str]) -> list[dict]:
     for scheme in schemes:
         metrics = work / f"accuracy_{scheme}_2.json"
         t0 = time.perf_counter()
-        torchrun(2, [str(REPO / "trainers" / "link_prediction.py"), "--config", str(CONFIG), "--store", str(store),
-                     *SCHEME_FLAGS[scheme], "--seed", "0", "--metrics-out", str(metrics)], timeout=7200)
+        torchrun(2, [REPO / "trainers" / "link_prediction.py", "--config", CONFIG, "--store", store,
+                     *SCHEME_FLAGS[scheme], "--seed", 0, "--metrics-out", metrics], timeout=7200,
+                 what=f"accuracy {scheme} x2")
         m = json.loads(metrics.read_text())
         out.append({"scheme": scheme, "world_size": 2, "seed": 0, "epochs": len(m["epochs"]),
                     "selection": "last evaluation (epoch 15)", "test": m["final"]["test"], "valid": m["final"]["valid"],

@@ -67,16 +67,9 @@ class PartitionedFetch:
         if not dist.is_initialized():
             raise ConfigError("the partitioned feature placement needs torch.distributed: run under torchrun")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        # The arrays `graphstore.loaders.macro.FeatureFetch` reads (this room may not import
-        # the loaders; the loader checks that the widths agree).
-        if not store.manifest.has_features:
-            raise ConfigError(f"{store.path}: macro-batching reads feature rows; the store has none")
-        self.arrays = ["nodes/features"]
-        if aggregated is not None:
-            if aggregated not in store.aggregates:
-                raise ConfigError(f"{store.path}: no stored {aggregated} aggregate of the features; "
-                                  f"run `graphstore aggregate {store.path} --op {aggregated}`")
-            self.arrays.append(store.aggregates[aggregated]["array"])
+        # The arrays `graphstore.loaders.macro.FeatureFetch` reads (the loader checks that
+        # the widths agree).
+        self.arrays = store.input_arrays(aggregated)
         self.feature_dim = store.feature_dim
         self.dim = store.feature_dim * len(self.arrays)
         size, n = store.partition_size, store.num_nodes

@@ -365,6 +365,25 @@ class Store:
             raise StoreError(f"{self.path}: manifest field extra.{AGGREGATES_KEY} is malformed ({records!r:.200})")
         return records
 
+    def input_arrays(self, aggregated: str | None = None) -> list[str]:
+        """The arrays a row of model input is read from: the features, and with
+        ``aggregated`` (an op of `aggregates`) their stored neighbour aggregate beside them
+        (a row is then ``[x_v | agg_v]``, twice the feature width).
+
+        Raises
+        ------
+        ConfigError
+            The store has no features, or no aggregate ``aggregated``.
+        """
+        if not self.manifest.has_features:
+            raise ConfigError(f"{self.path}: macro-batching reads feature rows; the store has none")
+        if aggregated is None:
+            return ["nodes/features"]
+        if aggregated not in self.aggregates:
+            raise ConfigError(f"{self.path}: no stored {aggregated} aggregate of the features; "
+                              f"run `graphstore aggregate {self.path} --op {aggregated}`")
+        return ["nodes/features", self.aggregates[aggregated]["array"]]
+
     @property
     def features(self) -> zarr.Array | None:
         """[N, D] lazy features, or None."""

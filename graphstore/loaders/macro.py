@@ -96,15 +96,8 @@ class FeatureFetch:
     (``nodes/aggregated_<op>``, read the same way), so a row is ``[x_v | agg_v]``."""
 
     def __init__(self, store: Store, aggregated: str | None = None) -> None:
-        if not store.manifest.has_features:
-            raise ConfigError(f"{store.path}: macro-batching reads feature rows; the store has none")
         self.store = store
-        self.arrays = ["nodes/features"]
-        if aggregated is not None:
-            if aggregated not in store.aggregates:
-                raise ConfigError(f"{store.path}: no stored {aggregated} aggregate of the features; "
-                                  f"run `graphstore aggregate {store.path} --op {aggregated}`")
-            self.arrays.append(store.aggregates[aggregated]["array"])
+        self.arrays = store.input_arrays(aggregated)
         self.feature_dim = store.feature_dim
         self.dim = store.feature_dim * len(self.arrays)
         """Width of a fetched row."""

@@ -9,10 +9,7 @@ exactly; a rank that raises ends the job with its error, long before the group's
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,25 +20,12 @@ import torch
 import graphstore
 from graphstore.errors import ConfigError
 from graphstore.loaders import NodeLoader, Shard
+from tests.distributed.launch import torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 SCHEMES = {"minibatch": {}, "megabatch": {}, "disk": {}, "microbatch": {"micro_batches": 2},
            "macrobatch": {"macro_batches": 2}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(nproc: int, script: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [str(TORCHRUN), "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(script), *map(str, args)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ from graphstore.distributed import PartitionedFetch
 from graphstore.errors import ConfigError
 from graphstore.loaders import NodeLoader
 from graphstore.loaders.macro import FeatureFetch
-from tests.distributed.test_data_parallel import HERE, cora, torchrun, trainer  # noqa: F401 (cora: the fixture)
+from tests.distributed.launch import torchrun
+from tests.distributed.test_data_parallel import HERE, cora, trainer  # noqa: F401 (cora: the fixture)
 
 
 def test_two_ranks_fetch_from_the_owners_and_train_as_one_process(cora, tmp_path):  # noqa: F811

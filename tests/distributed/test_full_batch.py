@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,23 +16,10 @@ import pytest
 import torch
 
 from tests.conftest import REPO, make_graph
+from tests.distributed.launch import torchrun
 
 HERE = Path(__file__).resolve().parent
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 MODELS = {"sage", "gcn", "gin", "gat", "rgcn", "rgcn-nobases"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(nproc: int, script: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [str(TORCHRUN), "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(script), *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import graphstore
 from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.loaders import EdgeLoader
-from tests.distributed.test_data_parallel import torchrun
+from tests.distributed.launch import torchrun
 from tests.trainers.conftest import write_clustered_kg
 from trainers import link_prediction as lp
 
