@@ -36,6 +36,7 @@ import torch
 
 from graphstore.errors import ConfigError, GraphStoreError
 from graphstore.layout._durable import fsync_tree, write_atomically
+from graphstore.loaders.defaults import memory_budget
 from graphstore.loaders.seeds import epoch_seed
 from graphstore.units import jsonable
 
@@ -53,7 +54,8 @@ log = logging.getLogger(__name__)
 
 # Options that say where things go or how to start, not what is trained: a resumed run may
 # change them (marked in their fields).
-RUN_ONLY = CommonOptions.run_only_names()
+RUN_ONLY = CommonOptions.run_only_names() | {"derived"}
+"""``derived`` is the rules that chose defaults (a resumed run takes the checkpoint's values)."""
 
 
 # ---------------------------------------------------------------------- device
@@ -222,6 +224,28 @@ class Checkpointer:
             return torch.load(path / "state.pt", map_location="cpu", weights_only=False)
         except Exception as e:  # a truncated or foreign file: say which
             raise ConfigError(f"{path / 'state.pt'}: cannot read the checkpoint ({e})") from None
+
+
+def default_buffer(args: Any, *, whole_graph: bool, saved: dict[str, Any] | None = None) -> tuple[dict[str, Any], str | None]:
+    """The buffer when neither ``--buffer-bytes`` nor ``--buffer-partitions`` is given:
+    ``({"buffer_bytes": B}, rule)`` from the memory this process may still use
+    (`graphstore.loaders.defaults.memory_budget`), or a resumed run's recorded choice (so it
+    replays the same plan whatever memory is free now); ``({}, None)`` when a flag gives it
+    or the scheme holds the whole graph anyway."""
+    if whole_graph or args.buffer_bytes is not None or args.buffer_partitions is not None:
+        return {}, None
+    if saved is not None and (saved.get("buffer_bytes") or saved.get("buffer_partitions")):
+        return ({"buffer_bytes": saved.get("buffer_bytes"), "buffer_partitions": saved.get("buffer_partitions")},
+                "the resumed checkpoint's")
+    budget = memory_budget()
+    return {"buffer_bytes": budget.bytes}, budget.rule
+
+
+def saved_config(args: Any) -> dict[str, Any] | None:
+    """The configuration recorded in ``--checkpoint-dir``'s latest checkpoint when resuming."""
+    if not args.resume:
+        return None
+    return Checkpointer.load(Checkpointer(args.checkpoint_dir).latest())["config"]
 
 
 def check_resume_config(saved: dict[str, Any], current: dict[str, Any], where: Path) -> None:

@@ -91,6 +91,7 @@ from graphstore.errors import ConfigError
 from graphstore.inference import AGGREGATE_INPUTS, InferenceStats, infer_layerwise, min_buffer_bytes
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import NodeLoader, NodeLoaderSettings
+from graphstore.loaders.defaults import default_batch_size, feature_normalization
 from graphstore.nn import (
     AGGREGATE_FOR,
     GNN,
@@ -103,10 +104,12 @@ from graphstore.sample import STRATEGIES as STRATEGY_REGISTRY
 
 try:
     from trainers import common
-    from trainers.options import CommonOptions, byte_size, fanout_list, option, positive_int, unit_float
+    from trainers.options import (CommonOptions, byte_size, fanout_list, non_negative_int, option, positive_int,
+                                  unit_float)
 except ImportError:  # run as a script
     import common
-    from options import CommonOptions, byte_size, fanout_list, option, positive_int, unit_float
+    from options import (CommonOptions, byte_size, fanout_list, non_negative_int, option, positive_int,
+                         unit_float)
 
 PROG = "node_classification.py"
 FULL_EVAL_MAX_EDGES = 10_000_000
@@ -190,14 +193,29 @@ class NodeClassificationOptions(CommonOptions):
         help="scheme of evaluation (default: exact for megabatch and disk unless --eval-fanouts is given, "
              "else --scheme; minibatch = in memory, for graphs that fit; exact = every layer over the whole "
              "graph with all neighbours, out of core, in the training buffer's memory)")
+    batch_size: int | None = option(
+        None, type=positive_int, metavar="B",
+        help="targets per training batch (default: min(1000, max(32, train split / 8)), so an epoch is several "
+             "optimizer steps even on a 20-per-class split)")
+    epochs: int = option(200, type=positive_int, run_only=True,
+                         help="most epochs (default 200); --patience usually stops sooner")
+    patience: int = option(
+        20, type=non_negative_int, run_only=True, metavar="P",
+        help="stop once validation accuracy has not improved for P epochs (default 20; 0: run every epoch); "
+             "the best-validation model is restored and tested once at the end either way")
+    eval_every: int | None = option(
+        None, type=positive_int, run_only=True, metavar="N",
+        help="evaluate on validation every N epochs and after the last (default: after an epoch whenever "
+             "evaluation so far took no longer than training, so it stays within half of the run)")
     hidden: int = option(64, type=positive_int, help="hidden width")
     dropout: float = option(0.5, type=unit_float)
     weight_decay: float = option(5e-4, type=float)
     heads: int = option(4, type=positive_int, help="GAT attention heads")
     normalize_features: str = option(
-        "none", choices=("none", "row"),
+        "auto", choices=("auto", "none", "row"),
         help="row: divide each input feature row by its L1 norm (PyG's NormalizeFeatures), per batch, "
-             "so it works out of core")
+             "so it works out of core; auto (default): row when sampled rows are non-negative and mostly "
+             "zeros (bag-of-words), else none")
     lr_schedule: str = option("none", choices=("none", "cosine"),
                               help="cosine: anneal the learning rate per epoch from --lr towards 0")
 
@@ -259,6 +277,9 @@ class NodeClassificationConfig:
     """Each loader's settings by split, once the loaders exist."""
     world_size: int = 1
     """Data-parallel ranks (torchrun's ``WORLD_SIZE``); a resumed run needs the same."""
+    derived: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Options left at a default the data decides: the rule that chose each value
+    (`resolve_defaults`)."""
 
     @property
     def num_layers(self) -> int:
@@ -279,6 +300,8 @@ class NodeClassificationConfig:
             out["world_size"] = self.world_size
         if out["feature_placement"] == "store":  # the default: absent, so old records compare equal
             del out["feature_placement"]
+        if self.derived:
+            out["derived"] = dict(self.derived)
         return out
 
 
@@ -459,7 +482,8 @@ def evaluate(model, loader: NodeLoader, epoch: int, device,
     (checked). The loss shows overfitting that accuracy on a small split hides."""
     model.eval()
     correct, seen, loss_sum = 0, 0, 0.0
-    for batch in loader.epoch(epoch):
+    for batch in common.progress(loader.epoch(epoch), desc=f"evaluate {loader.split}",
+                                 total=loader.num_batches(epoch)):
         batch = prepare(batch, args)
         logits = model(batch.features.to(device), batch.dense.to(device), aggregated=_on(batch.aggregated, device))
         labels = batch.labels.to(device)
@@ -510,6 +534,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     return common.run_ranks(_train, NodeClassificationOptions.parse(argv))
 
 
+def resolve_defaults(args: NodeClassificationOptions, store,
+                     saved: Mapping[str, Any] | None = None) -> tuple[NodeClassificationOptions, dict[str, str]]:
+    """``args`` with every default the data decides filled in (`graphstore.loaders.defaults`),
+    and the rule that chose each: feature normalisation, batch size, and the buffer (from the
+    memory this process may use; a resumed run's from its checkpoint)."""
+    changes: dict[str, Any] = {}
+    derived: dict[str, str] = {}
+    if args.normalize_features == "auto":
+        changes["normalize_features"], derived["normalize_features"] = feature_normalization(store)
+    if args.batch_size is None:
+        changes["batch_size"], derived["batch_size"] = default_batch_size(int(store.read_node_split("train").size))
+    buffer, rule = common.default_buffer(args, whole_graph=SCHEME_REGISTRY.get(args.scheme).whole_graph, saved=saved)
+    if rule is not None:
+        changes.update(buffer)
+        derived["buffer_bytes"] = rule
+    return dataclasses.replace(args, **changes), derived
+
+
+def should_evaluate(args: NodeClassificationOptions, epoch: int, train_s: float, eval_s: float) -> bool:
+    """Whether ``epoch`` (0-based) ends with a validation pass: every ``--eval-every`` epochs,
+    or by default whenever evaluation so far has taken no longer than training (so it is at
+    most about half of the run: a slow exact evaluation runs every few epochs, a cheap one
+    every epoch); the last epoch always."""
+    if epoch == args.epochs - 1:
+        return True
+    if args.eval_every is not None:
+        return (epoch + 1) % args.eval_every == 0
+    return eval_s <= train_s
+
+
+def improves(valid: Mapping[str, float], best: Mapping[str, Any] | None) -> bool:
+    """Higher validation accuracy, or the same with a lower validation loss."""
+    if best is None:
+        return True
+    top = best["valid"]
+    return valid["acc"] > top["acc"] or (valid["acc"] == top["acc"] and valid["loss"] < top["loss"])
+
+
+def evaluate_splits(model, store, loaders: Mapping[str, NodeLoader], config: NodeClassificationConfig,
+                    args: NodeClassificationOptions, epoch: int, device,
+                    splits: Sequence[str]) -> tuple[dict[str, dict[str, float]], dict]:
+    """Accuracy and loss of ``splits`` by the configured evaluation, and its IO."""
+    if config.eval_scheme == "exact":
+        model.cpu()
+        try:
+            return evaluate_exact(model, store, loaders["train"].capacity, args, splits=splits)
+        finally:
+            model.to(device)
+    scores = {split: evaluate(model, loaders[split], epoch, device, args) for split in splits}
+    return scores, common.io_stats([loaders[split].last_stats for split in splits])
+
+
+def _cpu_state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
 def _train(args: NodeClassificationOptions) -> int:
     common.configure_logging(args.verbose)
     rank, world, device = common.join_ranks(common.resolve_device(args.device))
@@ -519,7 +599,8 @@ def _train(args: NodeClassificationOptions) -> int:
         if not store.manifest.has_features or not store.manifest.has_labels:
             raise ConfigError(f"{args.store}: node classification needs features and labels "
                               f"(features: {store.manifest.has_features}, labels: {store.manifest.has_labels})")
-        config = dataclasses.replace(resolve_config(args, store), world_size=world)
+        args, derived = resolve_defaults(args, store, common.saved_config(args))
+        config = dataclasses.replace(resolve_config(args, store), world_size=world, derived=derived)
         common.seed_everything(args.seed)  # model initialisation (the same on every rank)
         model = GNN(args.model, in_dim=store.feature_dim, hidden_dim=args.hidden, out_dim=store.num_classes,
                     num_layers=len(args.fanouts), dropout=args.dropout, heads=args.heads).to(device)
@@ -532,8 +613,10 @@ def _train(args: NodeClassificationOptions) -> int:
         say(f"{PROG}: {store}" + (f" ({world} ranks, DistributedDataParallel)" if world > 1 else ""))
         say(f"scheme {s.scheme}: policy {s.policy}, {s.capacity} of {s.num_partitions} partitions "
             f"resident, static cache {s.static_cache_nodes} nodes ({s.static_cache_fraction:g}), "
-            f"reuse {s.reuse}, fanouts {list(s.fanouts)}; evaluation: scheme {config.eval_scheme}, fanouts "
-            f"{list(config.eval_fanouts)} ({config.eval_fanouts_rule})", flush=True)
+            f"reuse {s.reuse}, fanouts {list(s.fanouts)}, batch {s.batch_size}; evaluation: scheme "
+            f"{config.eval_scheme}, fanouts {list(config.eval_fanouts)} ({config.eval_fanouts_rule})", flush=True)
+        for name, rule in derived.items():
+            say(f"default {name}: {rule}", flush=True)
         if s.aggregated is not None:
             say(f"aggregation cache: the first layer reads {store.aggregates[s.aggregated]['array']} "
                 f"(every in-neighbour) in place of the outermost hop's samples", flush=True)
@@ -543,7 +626,7 @@ def _train(args: NodeClassificationOptions) -> int:
                                        config=config.to_dict())
         ckpt = common.Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None
 
-        start_epoch, history, resumed_from = 0, [], None
+        start_epoch, history, resumed_from, best_state = 0, [], None, None
         if args.resume:
             path = ckpt.latest()
             state = ckpt.load(path)
@@ -555,9 +638,16 @@ def _train(args: NodeClassificationOptions) -> int:
             optimizer.load_state_dict(state["optimizer"])
             common.set_rng_state(state["rng"])
             start_epoch, history, resumed_from = state["epoch"] + 1, state["history"], state["epoch"]
+            best_state = state.get("best_model")
             say(f"resumed from {path} (epoch {state['epoch']} done)", flush=True)
 
-        best = max(history, key=lambda h: h["valid"]["acc"], default=None)
+        best = None
+        for record in history:
+            if record.get("valid") is not None and improves(record["valid"], best):
+                best = record
+        train_s = sum(h["time_s"] for h in history)
+        eval_s = sum(h["eval_time_s"] for h in history)
+        stopped = None
         # After resuming: DDP broadcasts rank 0's parameters, which every rank loaded anyway.
         trained = wrap_model(model, device) if world > 1 else model
         for epoch in range(start_epoch, args.epochs):
@@ -568,45 +658,56 @@ def _train(args: NodeClassificationOptions) -> int:
             loss, n = train_epoch(trained, optimizer, loaders["train"], epoch, device, seed=args.seed, args=args)
             common.finite_or_raise(loss, epoch)
             t1 = time.perf_counter()
-            if config.eval_scheme == "exact":
-                model.cpu()
-                scores, eval_io = evaluate_exact(model, store, loaders["train"].capacity, args)
-                model.to(device)
-                valid, test = scores["valid"], scores["test"]
-            else:
-                valid = evaluate(model, loaders["valid"], epoch, device, args)
-                test = evaluate(model, loaders["test"], epoch, device, args)
-                eval_io = common.io_stats([loaders["valid"].last_stats, loaders["test"].last_stats])
+            train_s += t1 - t0
+            valid, eval_io = None, None
+            # Validation only: the test split is scored once, at the end, on the selected model.
+            if should_evaluate(args, epoch, train_s, eval_s):
+                scores, eval_io = evaluate_splits(model, store, loaders, config, args, epoch, device, ("valid",))
+                valid = scores["valid"]
             t2 = time.perf_counter()
+            eval_s += t2 - t1
             io = common.io_stats([loaders["train"].last_stats])
-            record = {"epoch": epoch, "lr": lr, "train_loss": loss, "train_targets": n, "valid": valid, "test": test,
-                      "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io, "micro_batching": loaders["train"].micro_stats or None,
+            record = {"epoch": epoch, "lr": lr, "train_loss": loss, "train_targets": n, "valid": valid,
+                      "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io,
+                      "micro_batching": loaders["train"].micro_stats or None,
                       "macro_batching": (loaders["train"].fetch_stats.to_dict()
                                          if loaders["train"].fetch_stats is not None else None),
                       "eval_io": eval_io}
             history.append(record)
-            if best is None or valid["acc"] > best["valid"]["acc"]:
-                best = record
-            say(f"epoch {epoch + 1}/{args.epochs}  loss {loss:.4f}  valid acc {valid['acc']:.4f}  "
-                f"test acc {test['acc']:.4f}  {t1 - t0:.2f} s (+{t2 - t1:.2f} s eval)  "
+            if valid is not None and improves(valid, best):
+                best, best_state = record, _cpu_state(model)
+            shown = (f"valid acc {valid['acc']:.4f} loss {valid['loss']:.4f}  (+{t2 - t1:.2f} s eval)"
+                     if valid is not None else "(not evaluated)")
+            say(f"epoch {epoch + 1}/{args.epochs}  train loss {loss:.4f}  {shown}  {t1 - t0:.2f} s  "
                 f"read {common.mib(io['bytes_read'])}  stall {io['stall_s']:.2f} s", flush=True)
             if ckpt is not None and rank == 0:
                 ckpt.save(epoch, {"epoch": epoch, "model": model.state_dict(),
                                   "optimizer": optimizer.state_dict(), "rng": common.rng_state(),
-                                  "history": history, "config": config.to_dict()})
+                                  "history": history, "config": config.to_dict(), "best_model": best_state})
             metrics.write(epochs=history, resumed_from=resumed_from,
-                          final={"epoch": epoch, "valid": valid, "test": test},
-                          best={"epoch": best["epoch"], "valid": best["valid"], "test": best["test"]})
+                          best=None if best is None else {"epoch": best["epoch"], "valid": best["valid"]})
+            if args.patience and best is not None and epoch - best["epoch"] >= args.patience:
+                stopped = epoch
+                say(f"stopping early: validation accuracy has not improved for {args.patience} epochs "
+                    f"(best at epoch {best['epoch'] + 1})", flush=True)
+                break
         if not history:
             raise ConfigError(f"nothing to train: --epochs {args.epochs} and the checkpoint is at epoch "
                               f"{start_epoch}")
-        last = history[-1]
-        metrics.write(epochs=history, resumed_from=resumed_from,
-                      final={"epoch": last["epoch"], "valid": last["valid"], "test": last["test"]},
-                      best={"epoch": best["epoch"], "valid": best["valid"], "test": best["test"]})
-        say(f"final: valid acc {last['valid']['acc']:.4f}  test acc {last['test']['acc']:.4f}  "
-            f"(best valid at epoch {best['epoch'] + 1}: test acc {best['test']['acc']:.4f})  "
-            f"peak memory {common.mib(common.peak_memory_bytes())}", flush=True)
+        # The run's model is the best-validation one: restored, then scored once on valid and test.
+        if best_state is not None:
+            model.load_state_dict(best_state)
+        t3 = time.perf_counter()
+        scores, _ = evaluate_splits(model, store, loaders, config, args, best["epoch"], device, ("valid", "test"))
+        selection = (f"best validation accuracy: epoch {best['epoch'] + 1} of {len(history)} trained"
+                     + (f" (stopped early, patience {args.patience})" if stopped is not None else ""))
+        final = {"epoch": best["epoch"], "valid": scores["valid"], "test": scores["test"], "selection": selection}
+        metrics.write(epochs=history, resumed_from=resumed_from, final=final, best=final, stopped_early=stopped,
+                      test_time_s=time.perf_counter() - t3,
+                      train_time_s=train_s, eval_time_s=eval_s)
+        say(f"final ({selection}): valid acc {scores['valid']['acc']:.4f}  test acc {scores['test']['acc']:.4f}  "
+            f"train {train_s:.1f} s, evaluation {eval_s:.1f} s  peak memory {common.mib(common.peak_memory_bytes())}",
+            flush=True)
         return 0
     finally:
         store.close()

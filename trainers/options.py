@@ -35,8 +35,8 @@ from graphstore.cli import byte_size, positive_int  # the argparse types the com
 from graphstore.errors import ConfigError
 
 __all__ = [
-    "CommonOptions", "OptionSpec", "Options", "UsageError", "byte_size", "fanout_list", "option",
-    "override", "positive_int", "unit_float",
+    "CommonOptions", "OptionSpec", "Options", "UsageError", "byte_size", "fanout_list", "non_negative_int",
+    "option", "override", "positive_int", "unit_float",
 ]
 
 class UsageError(ConfigError):
@@ -59,6 +59,17 @@ def fanout_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"fanouts must be positive or -1 (all), one per layer (got {text!r})")
     return values
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (``--patience 0``: never stop early)."""
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more (got {value})")
+    return value
 
 
 def unit_float(text: str) -> float:
@@ -300,8 +311,10 @@ class CommonOptions(Options):
         None, metavar="C.toml", in_file=False, run_only=True,
         help="TOML file giving any option below by its long name (flags override it)")
     store: str | None = option(None, metavar="S.gs", run_only=True, help="the store to train on (required)")
-    buffer_partitions: int | None = option(None, type=positive_int, metavar="C",
-                                           help="partitions the buffer holds (default by scheme)")
+    buffer_partitions: int | None = option(
+        None, type=positive_int, metavar="C",
+        help="partitions the buffer holds (default: as many as half of the memory this process may still use "
+             "allows, the cgroup limit when one is set, else MemAvailable)")
     buffer_bytes: int | None = option(None, type=byte_size, metavar="B",
                                       help="buffer budget in bytes instead of partitions, e.g. 512MiB")
     batch_size: int = option(1000, type=positive_int)

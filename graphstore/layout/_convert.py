@@ -62,6 +62,12 @@ log = logging.getLogger(__name__)
 DEFAULT_PARTITION_BYTES = 4 << 20
 """A partition of about this many bytes of features + edges is one efficient disk request
 (HierBatching's rule); the default p is total bytes over this."""
+MIN_PARTITION_NODES = 4096
+"""Floor of the default partition size in nodes, beside the byte rule: a partition should
+hold whole neighbourhoods (a 2-hop sample at fanouts 15,10 reaches ~150 nodes), or a
+partition-based scheme loses most of a target's neighbours to the cut. Without it a small,
+wide graph (34k nodes, 8,415 features: 33 KiB a row) became 279 partitions of 124 nodes
+with 88.5 % of its edges cut."""
 MAX_DEFAULT_PARTITIONS = 1024
 """Bound on the default p: bucket_offsets has p*p+1 entries."""
 METIS_AUTO_MAX_EDGES = 50_000_000
@@ -445,8 +451,13 @@ def _choose_num_partitions(graph: SourceGraph, staged: StagedEdges, opts: Conver
     row_bytes = graph.feature_dim * 4 if graph.features is not None else 0
     index_bytes = np.dtype(index_dtype_for(n)).itemsize
     total = n * row_bytes + staged.num_edges * 2 * index_bytes
-    p = int(min(max(1, math.ceil(total / target)), MAX_DEFAULT_PARTITIONS, n))
-    source = "--partition-bytes" if opts.partition_bytes else "default"
-    return p, f"{source}: ceil({total} bytes / {target}) capped at [1, {min(n, MAX_DEFAULT_PARTITIONS)}]"
+    if opts.partition_bytes:  # the user's size in bytes is taken as given
+        most = min(n, MAX_DEFAULT_PARTITIONS)
+        p = int(min(max(1, math.ceil(total / target)), most))
+        return p, f"--partition-bytes: ceil({total} bytes / {target}) capped at [1, {most}]"
+    most = max(1, min(MAX_DEFAULT_PARTITIONS, n // MIN_PARTITION_NODES))
+    p = int(min(max(1, math.ceil(total / target)), most))
+    return p, (f"default: ceil({total} bytes / {target}) capped at [1, {most}] (at least {MIN_PARTITION_NODES} "
+               f"nodes a partition, at most {MAX_DEFAULT_PARTITIONS} partitions)")
 
 

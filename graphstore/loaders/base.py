@@ -90,6 +90,7 @@ class BufferedLoader:
         else:
             c = self.scheme_spec.capacity(p)
         self.capacity = min(c, p)
+        self._capacity_resolved()
         if not self.scheme_spec.whole_graph:
             _warn_if_partitions_scatter(store, self.capacity)
         self.buffer_bytes = buffer_bytes
@@ -109,6 +110,10 @@ class BufferedLoader:
 
     def _plan_options(self) -> dict[str, Any]:
         return dict(self.options)
+
+    def _capacity_resolved(self) -> None:
+        """Called once ``self.capacity`` is known, before the plan is made (a subclass's
+        defaults that depend on it)."""
 
     def plan(self, epoch: int) -> EpochPlan:
         """The epoch's `EpochPlan` (a pure function of the settings and ``epoch``)."""

@@ -154,6 +154,7 @@ class NodeLoader(BufferedLoader):
         if static_cache is None and not default_policy_cache:
             static_cache = 0.0  # only HierBatching has a static cache by default
         self.reuse = int(reuse) if reuse is not None else (scheme_spec.reuse if scheme_spec else 1)
+        self._reuse_given = reuse is not None
         shard = Shard(int(rank), int(world_size))  # checks the pair
         self.shard = shard if shard.world_size > 1 else None
         super().__init__(store, scheme=scheme, policy=policy, capacity=capacity, buffer_bytes=buffer_bytes,
@@ -227,6 +228,12 @@ class NodeLoader(BufferedLoader):
     def micro_stats(self) -> dict[str, int] | None:
         """Micro-batching counters of the last epoch (`MicroBatchSplit`), or None without it."""
         return None if self.micro is None else self.micro.stats
+
+    def _capacity_resolved(self) -> None:
+        # Every partition resident (a budget the whole graph fits in): one state holds the
+        # graph, so reuse would only repeat the epoch; the scheme then trains as minibatch.
+        if not self._reuse_given and self.capacity >= self.store.num_partitions:
+            self.reuse = 1
 
     def _plan_options(self) -> dict[str, Any]:
         options = dict(self.options, train_partitions=self.train_partitions)

@@ -162,6 +162,35 @@ def test_default_partition_count_follows_partition_bytes(tmp_path):
     assert "partition-bytes" in m.partitioner["num_partitions_rule"]
 
 
+def test_default_partitions_hold_neighbourhoods_on_small_wide_graphs(tmp_path):
+    """Wide rows would make the byte rule cut a small graph into tiny partitions; the
+    default keeps at least MIN_PARTITION_NODES nodes a partition (a graph below it is one
+    partition)."""
+    from graphstore.layout._convert import DEFAULT_PARTITION_BYTES, MIN_PARTITION_NODES
+
+    n = 3 * MIN_PARTITION_NODES + 100
+    graph, _ = make_graph(num_nodes=n, num_edges=4 * n, feature_dim=1024)
+    assert n * 1024 * 4 > 10 * DEFAULT_PARTITION_BYTES  # the byte rule alone asks for 10+ partitions
+    m = convert(graph, tmp_path / "wide.gs", ConvertOptions(partitioner="random"))
+    assert m.num_partitions == 3 and m.partition_size >= MIN_PARTITION_NODES
+    assert f"at least {MIN_PARTITION_NODES} nodes" in m.partitioner["num_partitions_rule"]
+    tiny, _ = make_graph(num_nodes=500, num_edges=2000, feature_dim=2048)
+    assert convert(tiny, tmp_path / "tiny.gs", ConvertOptions(partitioner="random")).num_partitions == 1
+
+
+def test_default_partitions_of_a_large_narrow_graph_follow_the_bytes(tmp_path):
+    """Where partitions of DEFAULT_PARTITION_BYTES already hold more nodes than the floor,
+    the byte rule decides alone."""
+    from graphstore.layout._convert import DEFAULT_PARTITION_BYTES, MIN_PARTITION_NODES
+
+    n = 60_000
+    graph, _ = make_graph(num_nodes=n, num_edges=8 * n, feature_dim=64, edge_chunk=50_000, feature_chunk=20_000)
+    m = convert(graph, tmp_path / "narrow.gs", ConvertOptions(partitioner="random"))
+    total = n * 64 * 4 + m.conversion["staged_edges"] * 2 * 4
+    assert m.num_partitions == -(-total // DEFAULT_PARTITION_BYTES) > 1
+    assert m.partition_size > MIN_PARTITION_NODES
+
+
 # ------------------------------------------------------------------------- atomicity
 
 

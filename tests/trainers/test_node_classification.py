@@ -15,7 +15,7 @@ from tests.trainers.conftest import REPO
 from trainers import node_classification as nc
 
 CHANCE = 1 / 7  # Cora has 7 classes
-FAST = ["--fanouts", "10,10", "--hidden", "32", "--lr", "0.02", "--batch-size", "1000"]
+FAST = ["--fanouts", "10,10", "--hidden", "32", "--lr", "0.02", "--batch-size", "1000", "--normalize-features", "none"]
 
 
 def run(argv) -> int:
@@ -36,8 +36,13 @@ def check_contract(m: dict, epochs: int) -> None:
     assert m["final"]["valid"]["loss"] > 0 and m["final"]["test"]["loss"] > 0  # mean cross-entropy
     assert len(m["epochs"]) == epochs
     for e in m["epochs"]:
-        assert {"train_loss", "time_s", "io", "valid", "test"} <= set(e)
+        assert {"train_loss", "time_s", "io", "valid"} <= set(e)
+        assert "test" not in e  # the test split is scored once, on the selected model
         assert {"bytes_read", "bytes_written", "stall_s"} <= set(e["io"])
+    assert m["best"] == m["final"] and m["final"]["selection"].startswith("best validation accuracy")
+    evaluated = [e for e in m["epochs"] if e["valid"] is not None]
+    assert m["epochs"][-1]["valid"] is not None and evaluated
+    assert m["final"]["epoch"] == max(evaluated, key=lambda e: e["valid"]["acc"])["epoch"]
     assert m["peak_memory_bytes"] > 0
     assert {"python", "torch", "graphstore"} <= set(m["versions"])
     cfg = m["config"]
@@ -55,7 +60,11 @@ def check_contract(m: dict, epochs: int) -> None:
                                                        ("disk", "dispersed", 4)])
 def test_each_scheme_learns_and_writes_the_metrics(cora_store, tmp_path, scheme, policy, capacity, capsys):
     out = tmp_path / "m.json"
-    assert run(["--store", cora_store, "--scheme", scheme, "--epochs", 3, "--metrics-out", out, *FAST]) == 0
+    # Forced out of core: the scheme's own share of the partitions (by default the buffer
+    # is sized from memory, and Cora fits).
+    forced = ["--buffer-partitions", capacity] if scheme != "minibatch" else []
+    assert run(["--store", cora_store, "--scheme", scheme, "--epochs", 3, "--metrics-out", out, *FAST,
+                *forced]) == 0
     m = read(out)
     check_contract(m, 3)
     loader = m["config"]["loaders"]["train"]
@@ -80,7 +89,8 @@ def test_each_scheme_learns_and_writes_the_metrics(cora_store, tmp_path, scheme,
 def test_resume_reaches_the_uninterrupted_result(cora_store, tmp_path):
     args = ["--store", cora_store, "--scheme", "megabatch", "--model", "sage", "--dropout", 0.5,
             "--eval-fanouts", "5,5",
-            "--fanouts", "5,5", "--hidden", "16", "--batch-size", 64, "--seed", 3]
+            "--fanouts", "5,5", "--hidden", "16", "--batch-size", 64, "--seed", 3, "--buffer-partitions", 2,
+            "--eval-every", 1]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert run([*args, "--epochs", 4, "--checkpoint-dir", straight,
                 "--metrics-out", straight / "m.json"]) == 0
@@ -103,7 +113,8 @@ def test_resume_refuses_other_options(cora_store, tmp_path, capsys):
     args = ["--store", cora_store, "--epochs", 1, "--checkpoint-dir", tmp_path, *FAST]
     assert run(args) == 0
     capsys.readouterr()
-    assert run([*args[:-8], "--fanouts", "5,5", "--epochs", 2, "--resume"]) == 1
+    assert run([*args[:-len(FAST)], "--batch-size", 1000, "--normalize-features", "none", "--fanouts", "5,5",
+                "--epochs", 2, "--resume"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--fanouts" in err
 
@@ -227,7 +238,7 @@ def test_row_normalised_inputs_are_the_store_rows_over_their_sums(cora_store, sc
 def test_normalize_features_and_cosine_schedule_are_used_and_recorded(cora_store, tmp_path, capsys):
     base = ["--store", cora_store, "--epochs", 4, "--dropout", 0, "--seed", 1, "--fanouts", "10,10",
             "--hidden", "32", "--lr", "0.05"]
-    assert run([*base, "--metrics-out", tmp_path / "plain.json"]) == 0
+    assert run([*base, "--normalize-features", "none", "--metrics-out", tmp_path / "plain.json"]) == 0
     assert run([*base, "--normalize-features", "row", "--lr-schedule", "cosine", "--checkpoint-dir", tmp_path / "ck",
                 "--metrics-out", tmp_path / "row.json"]) == 0
     plain, row = read(tmp_path / "plain.json"), read(tmp_path / "row.json")
@@ -250,7 +261,8 @@ def test_eval_batch_size_is_its_own(cora_store, tmp_path):
     """A small training batch with a large evaluation batch: evaluation covers every target
     once in fewer batches, and the choice is recorded (default: the training batch size)."""
     out = tmp_path / "m.json"
-    args = ["--store", cora_store, "--epochs", 1, "--fanouts", "5,5", "--hidden", 8, "--batch-size", 50]
+    args = ["--store", cora_store, "--epochs", 1, "--fanouts", "5,5", "--hidden", 8, "--batch-size", 50,
+            "--normalize-features", "none"]
     assert run([*args, "--eval-batch-size", 400, "--metrics-out", out]) == 0
     m = read(out)
     assert m["config"]["eval_batch_size"] == 400
@@ -268,7 +280,7 @@ def test_exact_evaluation_equals_in_memory_evaluation_with_every_neighbour(cora_
     DENSE gives the nodes of its outermost hop degree 0 (they have no sample), where exact
     inference uses every node's in-degree, the full-graph GCN."""
     base = ["--store", cora_store, "--epochs", 2, "--scheme", "megabatch", "--model", model, *FAST,
-            "--normalize-features", "row"]
+            "--normalize-features", "row", "--buffer-partitions", 2, "--eval-every", 1]
     exact, memory = tmp_path / "exact.json", tmp_path / "memory.json"
     assert run([*base, "--eval-scheme", "exact", "--metrics-out", exact]) == 0
     assert run([*base, "--eval-scheme", "minibatch", "--eval-fanouts=-1,-1", "--metrics-out", memory]) == 0
@@ -276,10 +288,12 @@ def test_exact_evaluation_equals_in_memory_evaluation_with_every_neighbour(cora_
     assert a["config"]["eval_scheme"] == "exact" and a["config"]["eval_fanouts"] == [-1, -1]
     for x, y in zip(a["epochs"], b["epochs"]):
         assert x["train_loss"] == y["train_loss"]
-        for split in ("valid", "test"):
-            assert x[split]["acc"] == y[split]["acc"]
-            assert abs(x[split]["loss"] - y[split]["loss"]) < 1e-5
+        assert x["valid"]["acc"] == y["valid"]["acc"]
+        assert abs(x["valid"]["loss"] - y["valid"]["loss"]) < 1e-5
         assert x["eval_io"]["bytes_read"] >= x["eval_io"]["planned_bytes"] > 0
+    for split in ("valid", "test"):  # the selected model, scored once at the end
+        assert a["final"][split]["acc"] == b["final"][split]["acc"]
+        assert abs(a["final"][split]["loss"] - b["final"][split]["loss"]) < 1e-5
 
 
 def test_the_default_evaluation_is_the_schemes(cora_store):
@@ -313,3 +327,65 @@ def test_the_macrobatch_scheme_trains_as_minibatch(cora_store, tmp_path):
     fetched = m["epochs"][0]["macro_batching"]
     assert fetched["macro_batches"] == 1 and 0 < fetched["rows_fetched"] < fetched["rows_requested"]
     assert run(["--store", cora_store, "--epochs", 1, "--macro-batches", "4"]) != 0  # not for minibatch
+
+
+def test_the_defaults_learn_from_the_store_alone(cora_store, tmp_path, capsys):
+    """`--store` and nothing else: normalisation, batch size and buffer are derived from the
+    data (each rule printed and recorded), training stops on validation, and the restored
+    best-validation model reaches Cora's published range (about 0.81)."""
+    out = tmp_path / "m.json"
+    assert run(["--store", cora_store, "--metrics-out", out]) == 0
+    m = read(out)
+    check_contract(m, len(m["epochs"]))
+    cfg = m["config"]
+    assert cfg["normalize_features"] == "row" and "bag-of-words" in cfg["derived"]["normalize_features"]
+    assert cfg["batch_size"] == 32 and "train split 140" in cfg["derived"]["batch_size"]
+    assert cfg["loaders"]["train"]["batch_size"] == 32
+    assert "buffer_bytes" not in cfg["derived"]  # minibatch holds the whole graph anyway
+    assert m["stopped_early"] is not None and len(m["epochs"]) < cfg["epochs"]
+    assert m["stopped_early"] - m["final"]["epoch"] == cfg["patience"]
+    assert m["final"]["test"]["acc"] > 0.75
+    printed = capsys.readouterr().out
+    assert "test" not in "".join(line for line in printed.splitlines() if line.startswith("epoch "))
+
+
+@pytest.mark.parametrize("memory, resident, reuse", [(400 << 20, 8, 1), (20 << 20, 2, 2)])
+def test_the_buffer_is_sized_from_memory(cora_store, tmp_path, monkeypatch, memory, resident, reuse):
+    """Without --buffer-bytes/--buffer-partitions an out-of-core scheme takes half the
+    memory the process may still use: a graph that fits is fully resident (and megabatch
+    trains one whole-graph state once, as minibatch), a smaller allowance goes out of core.
+    GRAPHSTORE_MEMORY_BYTES stands in for the cgroup limit here."""
+    monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", str(memory))
+    out = tmp_path / "m.json"
+    assert run(["--store", cora_store, "--scheme", "megabatch", "--epochs", 1, "--metrics-out", out]) == 0
+    cfg = read(out)["config"]
+    assert cfg["buffer_bytes"] == memory // 2
+    assert "GRAPHSTORE_MEMORY_BYTES" in cfg["derived"]["buffer_bytes"]
+    loader = cfg["loaders"]["train"]
+    assert (loader["capacity"], loader["reuse"]) == (resident, reuse)
+    # A resumed run replays the checkpoint's buffer whatever memory is free now.
+
+
+def test_a_resumed_run_keeps_the_checkpoints_buffer(cora_store, tmp_path, monkeypatch):
+    args = ["--store", cora_store, "--scheme", "megabatch", "--checkpoint-dir", tmp_path / "ck", *FAST,
+            "--eval-every", 1]
+    monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", str(20 << 20))
+    assert run([*args, "--epochs", 1]) == 0
+    monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", str(400 << 20))
+    assert run([*args, "--epochs", 2, "--resume", "--metrics-out", tmp_path / "m.json"]) == 0
+    cfg = read(tmp_path / "m.json")["config"]
+    assert cfg["loaders"]["train"]["capacity"] == 2 and cfg["derived"]["buffer_bytes"] == "the resumed checkpoint's"
+
+
+def test_eval_every_and_patience(cora_store, tmp_path):
+    out = tmp_path / "m.json"
+    assert run(["--store", cora_store, "--epochs", 7, "--eval-every", 3, "--patience", 0, *FAST,
+                "--metrics-out", out]) == 0
+    m = read(out)
+    assert [e["epoch"] for e in m["epochs"] if e["valid"] is not None] == [2, 5, 6]  # and the last
+    assert m["stopped_early"] is None and len(m["epochs"]) == 7
+    assert m["final"]["epoch"] in (2, 5, 6)
+    assert run(["--store", cora_store, "--epochs", 50, "--eval-every", 1, "--patience", 2, *FAST,
+                "--lr", "0.5", "--metrics-out", out]) == 0
+    m = read(out)
+    assert m["stopped_early"] == m["final"]["epoch"] + 2 and len(m["epochs"]) == m["stopped_early"] + 1

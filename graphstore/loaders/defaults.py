@@ -1,0 +1,192 @@
+"""Defaults derived from the data and the machine, each with the rule that chose it.
+
+A user who gives nothing but a store should get a run that learns and a buffer that fits.
+What a tuned recipe sets by hand is derived here from what the store and the process can
+see, and every choice comes back as ``(value, rule)`` so that ``--help``, the printed
+settings and the metrics JSON can say why:
+
+- `feature_normalization`: PyG's ``NormalizeFeatures`` (each row divided by its L1 norm)
+  for non-negative, mostly-zero rows (bag-of-words, the Planetoid and gnn-benchmark
+  sources), none for signed or dense rows (embeddings, PCA'd features). Unnormalised
+  bag-of-words rows have sums in the tens to hundreds; at the usual learning rates the first
+  steps then saturate the model into one class (seen on Amazon Computers: megabatch
+  predicting one class everywhere).
+- `default_batch_size`: at most a fraction of the training split, so an epoch is several
+  optimizer steps even on a 20-per-class split (with batch 1000 and 140 training nodes an
+  epoch was one step, and 10 epochs ten steps).
+- `memory_budget`: the bytes the buffer may take when no ``--buffer-bytes`` or
+  ``--buffer-partitions`` is given: a share of what the process may still use (the cgroup's
+  limit when one is set, else the kernel's MemAvailable), so a graph that fits is fully
+  resident and an out-of-core scheme goes out of core only when memory says so.
+
+The thresholds were chosen on validation accuracy across Cora, CiteSeer and Amazon Photo
+(docs/benchmarks.md, "Defaults against the tuned recipes"), never on test.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from graphstore.layout.store import Store
+
+__all__ = [
+    "BATCH_STEPS",
+    "MAX_BATCH_SIZE",
+    "MEMORY_SHARE",
+    "MemoryBudget",
+    "default_batch_size",
+    "feature_normalization",
+    "memory_budget",
+]
+
+MAX_BATCH_SIZE = 1000
+"""The default batch size for a large training split (DGL's and PyG's examples use 512-1024)."""
+MIN_BATCH_SIZE = 32
+"""No default batch is smaller (unless the split is): gradient noise grows as batches shrink."""
+BATCH_STEPS = 8
+"""A default epoch is at least this many optimizer steps: the batch is at most
+``1 / BATCH_STEPS`` of the training split."""
+SAMPLE_ROWS = 4096
+"""Feature rows inspected to choose the normalisation (spread over the partitions)."""
+SPARSE_FRACTION = 0.5
+"""Rows are bag-of-words-like when at least this share of their entries is zero."""
+MEMORY_SHARE = 0.5
+"""The buffer's share of the memory the process may still use; the rest is the model, the
+batches in flight, evaluation and the page cache the reads go through."""
+
+
+def default_batch_size(num_train: int) -> tuple[int, str]:
+    """Targets per training batch for a split of ``num_train`` nodes, and the rule."""
+    batch = min(MAX_BATCH_SIZE, max(MIN_BATCH_SIZE, math.ceil(num_train / BATCH_STEPS)))
+    batch = max(1, min(batch, num_train)) if num_train else MIN_BATCH_SIZE
+    return batch, (f"min({MAX_BATCH_SIZE}, max({MIN_BATCH_SIZE}, train split {num_train} / {BATCH_STEPS})): "
+                   f"at least {BATCH_STEPS} steps an epoch")
+
+
+def feature_normalization(store: Store) -> tuple[str, str]:
+    """``("row", rule)`` for non-negative, mostly-zero feature rows, else ``("none", rule)``,
+    from up to `SAMPLE_ROWS` rows read from the store (evenly spaced partitions, verified
+    reads)."""
+    if not store.manifest.has_features:
+        return "none", "the store has no features"
+    p = store.num_partitions
+    per = max(1, SAMPLE_ROWS // p)
+    picks = np.unique(np.linspace(0, p - 1, num=min(p, SAMPLE_ROWS)).round().astype(np.int64))
+    blocks = []
+    for k in picks.tolist():
+        start, stop = store.partition_range(int(k))
+        blocks.append(np.asarray(store.read_rows("nodes/features", start, min(stop, start + per)), dtype=np.float32))
+        if sum(b.shape[0] for b in blocks) >= SAMPLE_ROWS:
+            break
+    rows = np.concatenate(blocks) if blocks else np.zeros((0, store.feature_dim), np.float32)
+    if rows.size == 0:
+        return "none", "no feature rows to inspect"
+    negative = bool((rows < 0).any())
+    zeros = float((rows == 0).mean())
+    seen = f"{rows.shape[0]} sampled rows: {'some' if negative else 'no'} negative entries, {zeros:.0%} zeros"
+    if not negative and zeros >= SPARSE_FRACTION:
+        return "row", f"row: non-negative and at least {SPARSE_FRACTION:.0%} zeros, like bag-of-words ({seen})"
+    return "none", f"none: rows are signed or dense ({seen})"
+
+
+# ---------------------------------------------------------------------- memory
+
+@dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    """The bytes a buffer may take by default, and where they came from."""
+
+    bytes: int
+    """The budget: `MEMORY_SHARE` of ``available``."""
+    available: int
+    """What the process may still allocate: the cgroup limit less what the group uses
+    (page cache aside), or MemAvailable, whichever is less."""
+    source: str
+    """``"cgroup"`` or ``"MemAvailable"``."""
+
+    @property
+    def rule(self) -> str:
+        return (f"{MEMORY_SHARE:g} of the memory this process may still use ({self.available / 2**20:.0f} MiB, "
+                f"{self.source})")
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return None if text in ("", "max") else int(text)
+
+
+def _cgroup_dirs() -> list[tuple[str, Path]]:
+    """``(version, directory)`` of this process's memory cgroup, v2 then v1; the mounted
+    root is tried too (a container sees its own group there)."""
+    out = []
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        rel = rel.lstrip("/")
+        if controllers == "":
+            out += [("v2", Path("/sys/fs/cgroup") / rel), ("v2", Path("/sys/fs/cgroup"))]
+        elif "memory" in controllers.split(","):
+            out += [("v1", Path("/sys/fs/cgroup/memory") / rel), ("v1", Path("/sys/fs/cgroup/memory"))]
+    return out
+
+
+def cgroup_headroom() -> int | None:
+    """Bytes this process's memory cgroup may still take (limit less its usage, the
+    reclaimable page cache not counted as used), or None when no limit is set."""
+    best = None
+    for version, d in _cgroup_dirs():
+        limit = _read_int(d / ("memory.max" if version == "v2" else "memory.limit_in_bytes"))
+        if limit is None or limit >= 1 << 60:  # v1 writes "no limit" as a huge number
+            continue
+        usage = _read_int(d / ("memory.current" if version == "v2" else "memory.usage_in_bytes")) or 0
+        cache = 0
+        try:
+            for line in (d / "memory.stat").read_text().splitlines():
+                key, value = line.split()[:2]
+                if key in ("inactive_file", "total_inactive_file"):
+                    cache = max(cache, int(value))
+        except (OSError, ValueError):
+            pass
+        headroom = max(0, limit - max(0, usage - cache))
+        best = headroom if best is None else min(best, headroom)
+    return best
+
+
+def mem_available() -> int | None:
+    """The kernel's estimate of memory available without swapping (``/proc/meminfo``)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def memory_budget() -> MemoryBudget:
+    """The default buffer budget (`MEMORY_SHARE` of what the process may still use).
+
+    ``GRAPHSTORE_MEMORY_BYTES`` (bytes) overrides what is read, for a machine whose limit
+    the process cannot see."""
+    override = os.environ.get("GRAPHSTORE_MEMORY_BYTES")
+    if override:
+        available, source = int(override), "GRAPHSTORE_MEMORY_BYTES"
+    else:
+        free, cgroup = mem_available(), cgroup_headroom()
+        if cgroup is not None and (free is None or cgroup <= free):
+            available, source = cgroup, "cgroup"
+        elif free is not None:
+            available, source = free, "MemAvailable"
+        else:  # neither readable (not Linux): a conservative guess, said as such
+            available, source = 4 << 30, "unknown; assumed 4 GiB"
+    return MemoryBudget(int(available * MEMORY_SHARE), int(available), source)
