@@ -62,6 +62,34 @@ def test_each_target_is_trained_as_often_as_the_scheme_says(store, scheme, times
         assert loader.settings.capacity == 4 and loader.settings.policy == "dispersed"
 
 
+@pytest.mark.parametrize("scheme", ["megabatch", "disk"])
+def test_balanced_labels_give_every_state_the_splits_label_mix(store, scheme):
+    """balance_labels: each state's class weights times its class counts are the training
+    split's class shares times the state's target count (for the classes the state has), so
+    the state's weighted targets have the split's label mix; unbalanced batches carry none."""
+    loader = NodeLoader(store, split="train", fanouts=(3, 2), batch_size=7, scheme=scheme, seed=1,
+                        balance_labels=True)
+    assert loader.settings.balance_labels is True
+    labels = np.asarray(store.labels[loader.targets], dtype=np.int64)
+    share = np.bincount(labels[labels >= 0], minlength=store.num_classes) / (labels >= 0).sum()
+    seen = {}
+    for batch in loader.epoch(0):
+        w = batch.class_weights.numpy().astype(np.float64)
+        y = batch.labels[batch.labels >= 0].numpy()
+        key = id(batch.graph)
+        counts, weights = seen.setdefault(key, (np.zeros(store.num_classes), w))
+        assert np.array_equal(weights, w)  # one set of weights per state
+        counts += np.bincount(y, minlength=store.num_classes)
+    assert len(seen) > 1
+    for counts, w in seen.values():
+        present = counts > 0
+        mix = counts * w / counts.sum()
+        assert np.allclose(mix[present], share[present] / share[present].sum() * mix.sum(), atol=1e-6)
+        assert np.all(w[~present] == 0)
+    plain = NodeLoader(store, split="train", fanouts=(3, 2), batch_size=7, scheme=scheme, seed=1)
+    assert plain.settings.balance_labels is None and next(iter(plain.epoch(0))).class_weights is None
+
+
 def test_evaluation_sees_every_node_once_in_order_of_states(store):
     loader = NodeLoader(store, split="valid", fanouts=(-1,), batch_size=1000, scheme="disk", shuffle=False)
     seen = [t for b in loader.epoch(0) for t in b.store_ids[b.dense.node_id_offsets[-1]:].tolist()]

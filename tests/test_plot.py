@@ -45,7 +45,7 @@ def runs(tmp_path_factory):
     for scheme in SCHEMES:
         out[scheme] = root / f"{scheme}.json"
         argv = ["--store", store, "--scheme", scheme, "--epochs", EPOCHS, "--fanouts", "10,10", "--hidden", "16",
-                "--batch-size", "1000", "--metrics-out", out[scheme]]
+                "--batch-size", "1000", "--buffer-partitions", 2, "--eval-every", 1, "--metrics-out", out[scheme]]
         assert common.run(nc.PROG, nc.main, [str(a) for a in argv]) == 0
     return out
 

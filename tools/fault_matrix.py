@@ -82,7 +82,10 @@ NC = [PY, str(REPO / "trainers" / "node_classification.py")]
 LP = [PY, str(REPO / "trainers" / "link_prediction.py")]
 CORA_SOURCE = REPO / "data" / "cora"
 # The trainer tests' fast settings: a few seconds per run, most of it Python start-up.
-NC_FAST = ["--fanouts", "10,10", "--hidden", "32", "--lr", "0.02", "--batch-size", "1000"]
+NC_FAST = ["--fanouts", "10,10", "--hidden", "32", "--lr", "0.02", "--batch-size", "1000", "--normalize-features", "none",
+           # out of core whatever the memory (the buffer is sized from memory by default), and a
+           # validation pass every epoch, so a resumed run selects what an uninterrupted one does
+           "--buffer-partitions", "4", "--eval-every", "1"]
 LP_FAST = ["--negatives", "32", "--num-chunks", "4", "--batch-size", "256", "--lr", "0.1"]
 TIMEOUT = 120.0
 """Seconds any one subprocess may run before it is killed (and the row says so)."""

@@ -248,10 +248,12 @@ def saved_config(args: Any) -> dict[str, Any] | None:
     return Checkpointer.load(Checkpointer(args.checkpoint_dir).latest())["config"]
 
 
-def check_resume_config(saved: dict[str, Any], current: dict[str, Any], where: Path) -> None:
-    """A resumed run must train the same thing: every option but the run-only ones agrees."""
+def check_resume_config(saved: dict[str, Any], current: dict[str, Any], where: Path,
+                        run_only: frozenset[str] = RUN_ONLY) -> None:
+    """A resumed run must train the same thing: every option but the run-only ones (the
+    script's own, ``run_only``) agrees."""
     for key in sorted(set(saved) | set(current)):
-        if key in RUN_ONLY:
+        if key in run_only:
             continue
         if saved.get(key) != current.get(key):
             if key == "world_size":  # not a flag: torchrun's --nproc-per-node (absent: one process)

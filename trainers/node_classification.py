@@ -95,6 +95,7 @@ from graphstore.loaders.defaults import default_batch_size, feature_normalizatio
 from graphstore.nn import (
     AGGREGATE_FOR,
     GNN,
+    class_weighted_cross_entropy,
     layer_degrees,
     micro_batch_backward,
     normalize_rows,
@@ -207,6 +208,9 @@ class NodeClassificationOptions(CommonOptions):
         None, type=positive_int, run_only=True, metavar="N",
         help="evaluate on validation every N epochs and after the last (default: after an epoch whenever "
              "evaluation so far took no longer than training, so it stays within half of the run)")
+    balance_labels: bool = option(
+        False, help="weigh each buffer state's loss by class so its targets have the training split's label mix "
+                    "(out-of-core schemes: a few METIS partitions' labels cluster)")
     hidden: int = option(64, type=positive_int, help="hidden width")
     dropout: float = option(0.5, type=unit_float)
     weight_decay: float = option(5e-4, type=float)
@@ -392,7 +396,7 @@ def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificat
         fetch_kw["feature_fetch"] = PartitionedFetch(store, common_kw.get("aggregated"))
     loaders = {"train": NodeLoader(store, split="train", fanouts=fanouts, batch_size=args.batch_size,
                                    reuse=args.reuse, shuffle=True, **dict(common_kw, scheme=args.scheme),
-                                   **micro_kw, **fetch_kw)}
+                                   **micro_kw, **fetch_kw, balance_labels=args.balance_labels)}
     eval_kw = dict(common_kw, seed=args.seed + 1)
     if config.eval_scheme != config.loader_scheme:  # the buffer flags describe the training scheme
         eval_kw.update(scheme=config.eval_scheme, policy=None, capacity=None, buffer_bytes=None,
@@ -436,11 +440,13 @@ def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, see
             # runs, so the device holds one micro-batch, which is what a budget counts. GCN
             # normalises by degree: every micro-batch gets its parent's (the whole batch's).
             degrees = layer_degrees(batch.dense)[0] if args is not None and args.model == "gcn" else None
-            loss = micro_batch_backward(model, batch, list(batch.micro_batches), degrees=degrees, device=device)
+            weights = batch.class_weights
+            loss = micro_batch_backward(model, batch, list(batch.micro_batches), degrees=degrees, device=device,
+                                        loss_fn=lambda logits, y: class_weighted_cross_entropy(logits, y, weights))
         else:
             out = model(batch.features.to(device, non_blocking=True), batch.dense.to(device),
                         aggregated=_on(batch.aggregated, device))
-            loss = F.cross_entropy(out, labels, ignore_index=-1)
+            loss = class_weighted_cross_entropy(out, labels, batch.class_weights)
             loss.backward()
         optimizer.step()
         n = int((labels >= 0).sum())
@@ -542,7 +548,13 @@ def resolve_defaults(args: NodeClassificationOptions, store,
     changes: dict[str, Any] = {}
     derived: dict[str, str] = {}
     if args.normalize_features == "auto":
-        changes["normalize_features"], derived["normalize_features"] = feature_normalization(store)
+        record = store.aggregates.get(AGGREGATE_FOR.get(args.model, "")) if args.aggregation_cache else None
+        if record is not None:  # the stored aggregate's inputs decide: the model must read the same
+            mode = "row" if record["input"] == AGGREGATE_INPUTS[1] else "none"
+            changes["normalize_features"] = mode
+            derived["normalize_features"] = f"{mode}: as the stored {record['array']} ({record['input']})"
+        else:
+            changes["normalize_features"], derived["normalize_features"] = feature_normalization(store)
     if args.batch_size is None:
         changes["batch_size"], derived["batch_size"] = default_batch_size(int(store.read_node_split("train").size))
     buffer, rule = common.default_buffer(args, whole_graph=SCHEME_REGISTRY.get(args.scheme).whole_graph, saved=saved)
@@ -630,7 +642,8 @@ def _train(args: NodeClassificationOptions) -> int:
         if args.resume:
             path = ckpt.latest()
             state = ckpt.load(path)
-            common.check_resume_config(state["config"], config.to_dict(), path)
+            common.check_resume_config(state["config"], config.to_dict(), path,
+                                       run_only=common.RUN_ONLY | NodeClassificationOptions.run_only_names())
             if args.lr_schedule != "none" and state["config"].get("epochs") != args.epochs:
                 raise ConfigError(f"{path}: --lr-schedule {args.lr_schedule} depends on --epochs; the checkpoint "
                                   f"has {state['config'].get('epochs')}, resume with the same --epochs")
@@ -686,7 +699,8 @@ def _train(args: NodeClassificationOptions) -> int:
                                   "history": history, "config": config.to_dict(), "best_model": best_state})
             metrics.write(epochs=history, resumed_from=resumed_from,
                           best=None if best is None else {"epoch": best["epoch"], "valid": best["valid"]})
-            if args.patience and best is not None and epoch - best["epoch"] >= args.patience:
+            # Stop only at an evaluated epoch: one that was not evaluated might have improved.
+            if args.patience and valid is not None and epoch - best["epoch"] >= args.patience:
                 stopped = epoch
                 say(f"stopping early: validation accuracy has not improved for {args.patience} epochs "
                     f"(best at epoch {best['epoch'] + 1})", flush=True)
@@ -705,8 +719,8 @@ def _train(args: NodeClassificationOptions) -> int:
         metrics.write(epochs=history, resumed_from=resumed_from, final=final, best=final, stopped_early=stopped,
                       test_time_s=time.perf_counter() - t3,
                       train_time_s=train_s, eval_time_s=eval_s)
-        say(f"final ({selection}): valid acc {scores['valid']['acc']:.4f}  test acc {scores['test']['acc']:.4f}  "
-            f"train {train_s:.1f} s, evaluation {eval_s:.1f} s  peak memory {common.mib(common.peak_memory_bytes())}",
+        say(f"final: valid acc {scores['valid']['acc']:.4f}  test acc {scores['test']['acc']:.4f}  ({selection}; "
+            f"train {train_s:.1f} s, evaluation {eval_s:.1f} s, peak memory {common.mib(common.peak_memory_bytes())})",
             flush=True)
         return 0
     finally:

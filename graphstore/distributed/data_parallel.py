@@ -66,11 +66,10 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from graphstore.errors import ConfigError
-from graphstore.nn.accumulate import micro_batch_backward
+from graphstore.nn.accumulate import class_weighted_cross_entropy, micro_batch_backward
 
 __all__ = ["DROPOUT_SALT", "all_gather_varlen", "all_reduce_values", "check_shared_embeddings", "dropout_salt",
            "equal_steps", "gather_rows", "node_classification_backward", "padding_loss", "rank_and_world",
@@ -169,6 +168,9 @@ def all_reduce_values(values: Sequence[float], device: torch.device | str = "cpu
 
 def node_classification_backward(model: torch.nn.Module, batch: Any, *, weight: float, device: torch.device,
                                  degrees: torch.Tensor | None = None) -> tuple[float, int]:
+    # The batch's class weights (a loader's balance_labels) weigh each target's loss; the
+    # mean stays over the step's count of labelled targets.
+    class_weights = getattr(batch, "class_weights", None)
     """Forward and backward of this rank's share of one step; returns this rank's summed
     cross-entropy over its labelled targets and their count (0 and 0 for a padding step).
 
@@ -206,7 +208,7 @@ def node_classification_backward(model: torch.nn.Module, batch: Any, *, weight: 
             factor = n_chunk * scale
 
             def loss_fn(logits: torch.Tensor, y: torch.Tensor, factor: float = factor) -> torch.Tensor:
-                return F.cross_entropy(logits, y, ignore_index=-1) * factor
+                return class_weighted_cross_entropy(logits, y, class_weights) * factor
 
             if sync:
                 mean = micro_batch_backward(model, whole, chunk, degrees=degrees, loss_fn=loss_fn, device=device)
@@ -221,7 +223,7 @@ def node_classification_backward(model: torch.nn.Module, batch: Any, *, weight: 
     if int(labelled.sum()) == 0:
         (out.sum() * 0.0).backward()  # nothing to learn from, but DDP's all-reduce must run
         return 0.0, 0
-    loss = F.cross_entropy(out, labels, ignore_index=-1, reduction="sum")
+    loss = class_weighted_cross_entropy(out, labels, class_weights, reduction="sum")
     (loss * scale).backward()
     return (float(loss.detach()) if n else 0.0), n
 

@@ -25,6 +25,10 @@ class NodeBatch(Batch):
     """Under micro-batching (the ``microbatch`` scheme, or ``micro_batches=`` with another):
     the batch's micro-batches, whose gradients accumulate into one update
     (`graphstore.nn.micro_batch_backward`); else None."""
+    class_weights: torch.Tensor | None = None
+    """float32 [num_classes]: the loss weight of each class in this batch's buffer state
+    (the loader's ``balance_labels``: the training split's label mix over the state's), for
+    ``F.cross_entropy(..., weight=class_weights)``; None: unweighted."""
     aggregated: torch.Tensor | None = None
     """float [N, D] with the loader's ``aggregated``: the stored aggregate of each
     ``dense.node_ids`` entry's in-neighbours' input rows (BatchGNN's aggregation cache), for

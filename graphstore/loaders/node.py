@@ -132,7 +132,7 @@ class NodeLoader(BufferedLoader):
                  macro_batches: int | str | None = None, macro_batch_bytes: int | None = None,
                  feature_cache_bytes: int | None = None, feature_cache: str = "belady",
                  cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD, aggregated: str | None = None,
-                 rank: int = 0, world_size: int = 1, feature_fetch=None) -> None:
+                 rank: int = 0, world_size: int = 1, feature_fetch=None, balance_labels: bool = False) -> None:
         if not store.manifest.has_labels:
             raise ConfigError(f"{store.path}: node classification needs labels; the store has none")
         if int(batch_size) < 1:
@@ -160,6 +160,11 @@ class NodeLoader(BufferedLoader):
         super().__init__(store, scheme=scheme, policy=policy, capacity=capacity, buffer_bytes=buffer_bytes,
                          seed=seed, prefetch=prefetch, cache_fraction=static_cache,
                          train_partitions=self.train_partitions, shard=self.shard)
+        self.balance = None
+        if balance_labels and self.targets.size:
+            labels = np.asarray(store.labels[self.targets], dtype=np.int64)
+            labels = labels[labels >= 0]
+            self.balance = np.bincount(labels, minlength=store.num_classes)[:store.num_classes] / max(1, labels.size)
         self.micro = self._micro_stage(micro_batches, micro_batch_budget, micro_strategy, step_estimator)
         self.macro = self._macro_stage(macro_batches, macro_batch_bytes, feature_cache_bytes, feature_cache,
                                        cache_lookahead, aggregated, feature_fetch)
@@ -177,7 +182,8 @@ class NodeLoader(BufferedLoader):
             feature_cache_bytes=feature_cache_bytes if self.macro else None,
             feature_cache=feature_cache if self.macro and feature_cache_bytes is not None else None,
             cache_lookahead=cache_lookahead if self.macro and feature_cache_bytes is not None else None,
-            aggregated=aggregated, world_size=None if self.shard is None else self.shard.world_size)
+            aggregated=aggregated, world_size=None if self.shard is None else self.shard.world_size,
+            balance_labels=True if self.balance is not None else None)
 
     def _macro_stage(self, macro_batches: int | str | None, budget: int | None, cache_bytes: int | None,
                      cache_policy: str, lookahead: int, aggregated: str | None,
@@ -245,7 +251,7 @@ class NodeLoader(BufferedLoader):
         """The stages after the buffer walk, in order."""
         stages: list[Stage] = [
             NodeTargets(self.targets, partition_size=self.store.partition_size, batch_size=self.batch_size,
-                        shuffle=self.shuffle, passes=self._passes, shard=self.shard),
+                        shuffle=self.shuffle, passes=self._passes, shard=self.shard, balance=self.balance),
             NeighbourSampling(self.fanouts, direction=self.direction),
             GatherRows() if self.macro is None else self.macro,
         ]

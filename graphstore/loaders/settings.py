@@ -157,16 +157,20 @@ class NodeLoaderSettings(LoaderSettings):
     world_size: int | None = None
     """Data-parallel ranks sharing each epoch (`graphstore.loaders.shard`; the rank itself is
     not recorded: every rank's record is the same), or None for one process."""
+    balance_labels: bool | None = None
+    """True: each state's loss weighs its classes to the training split's label mix
+    (`NodeBatch.class_weights`); None: unweighted."""
 
     _KINDS: ClassVar[dict[str, str]] = {
         "split": _STR, "fanouts": _INTS, "batch_size": _INT, "reuse": _INT, "shuffle": _BOOL,
         "num_targets": _INT, "micro_batches": _INT, "micro_batch_budget": _INT, "micro_strategy": _STR,
         "macro_batches": _INT, "macro_batch_bytes": _INT, "feature_cache_bytes": _INT, "feature_cache": _STR,
-        "cache_lookahead": _INT, "aggregated": _STR, "world_size": _INT}
+        "cache_lookahead": _INT, "aggregated": _STR, "world_size": _INT,
+        "balance_labels": _BOOL}
     _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"micro_batches", "micro_batch_budget", "micro_strategy",
                                                          "macro_batches", "macro_batch_bytes", "feature_cache_bytes",
                                                          "feature_cache", "cache_lookahead", "aggregated",
-                                                         "world_size"})
+                                                         "world_size", "balance_labels"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,9 @@ class TargetBatch:
     graph: ResidentGraph
     targets: torch.Tensor
     """int64 [B] local ids."""
+    class_weights: torch.Tensor | None = None
+    """float32 [num_classes] loss weight of each class in this batch's state, or None
+    (`NodeTargets`'s ``balance``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +122,7 @@ class SampledBatch:
 
     graph: ResidentGraph
     dense: DENSE
+    class_weights: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,10 +250,31 @@ class NodeTargets:
     random share), shuffled per pass, cut into batches."""
 
     def __init__(self, targets: np.ndarray, *, partition_size: int, batch_size: int, shuffle: bool,
-                 passes: Callable[[EpochPlan], list[int]], shard: Shard | None = None) -> None:
+                 passes: Callable[[EpochPlan], list[int]], shard: Shard | None = None,
+                 balance: np.ndarray | None = None) -> None:
         self.targets, self.partition_size = targets, partition_size
         self.batch_size, self.shuffle, self.passes = batch_size, shuffle, passes
         self.shard = shard
+        self.balance = None if balance is None else np.asarray(balance, dtype=np.float64)
+
+    def _class_weights(self, g, local: torch.Tensor) -> torch.Tensor | None:
+        """Per class, the split's share of it over the state's (0 for classes the state
+        lacks): weighted so, a state's targets have the training split's label mix.
+
+        Why: a state trains the targets of a few METIS partitions, whose labels cluster (on
+        Amazon Photo with 2 of 8 partitions resident, half the label mass of a state is
+        misplaced against the split), so consecutive steps pull the classifier towards
+        each state's classes in turn. Not in HierBatching or MariusGNN, whose mega-batches
+        hold hundreds of partitions."""
+        if self.balance is None or g.labels is None or local.numel() == 0:
+            return None
+        labels = g.labels[local].long()
+        labels = labels[labels >= 0]
+        k = self.balance.size
+        counts = np.bincount(labels.numpy(), minlength=k)[:k].astype(np.float64)
+        share = counts / max(1.0, counts.sum())
+        weights = np.divide(self.balance, share, out=np.zeros(k), where=share > 0)
+        return torch.from_numpy(weights.astype(np.float32))
 
     def __call__(self, states: Iterator[LoadedState], ctx: EpochContext) -> Iterator[TargetBatch]:
         order_gen = ctx.generator(SALT_NODE_ORDER)
@@ -262,11 +287,12 @@ class NodeTargets:
         for loaded in states:
             g = loaded.graph
             local = g.to_local(self.targets[per_state[loaded.index]])
+            weights = self._class_weights(g, local)
             for _ in range(passes[loaded.index]):
                 ids = local[torch.randperm(local.numel(), generator=order_gen)] if self.shuffle else local
                 for start in range(0, ids.numel(), self.batch_size):
                     if not by_batches or self.shard.takes_batch(index):
-                        yield TargetBatch(g, ids[start:start + self.batch_size])
+                        yield TargetBatch(g, ids[start:start + self.batch_size], weights)
                     index += 1
 
 
@@ -285,7 +311,7 @@ class NeighbourSampling:
                 workspace = new_workspace(g)
             yield SampledBatch(g, sample_dense(g, b.targets, self.fanouts, generator=generator,
                                                workspace=workspace, direction=self.direction,
-                                               return_edge_ids=g.rel is not None))
+                                               return_edge_ids=g.rel is not None), b.class_weights)
 
 
 class GatherRows:
@@ -294,7 +320,8 @@ class GatherRows:
     def __call__(self, batches: Iterator[SampledBatch], ctx: EpochContext) -> Iterator[NodeBatch]:
         for b in batches:
             gathered = Batch.gather(b.dense, b.graph.features, b.graph.labels)
-            yield NodeBatch(gathered.dense, gathered.features, gathered.labels.long(), b.graph)
+            yield NodeBatch(gathered.dense, gathered.features, gathered.labels.long(), b.graph,
+                            class_weights=b.class_weights)
 
 
 class MicroBatchSplit:

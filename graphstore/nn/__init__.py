@@ -7,7 +7,7 @@ and measurement of a training step's memory; `accumulate` micro-batch gradient a
 `aggregate` the weightless neighbour aggregate of input features (BatchGNN's cache).
 """
 
-from graphstore.nn.accumulate import micro_batch_backward
+from graphstore.nn.accumulate import class_weighted_cross_entropy, micro_batch_backward
 from graphstore.nn.aggregate import AGGREGATIONS, AggregationModel, FeatureAggregate
 from graphstore.nn.base import LayerView, layer_view, normalize_rows, segment_mean, segment_softmax, segment_sum
 from graphstore.nn.decoders import DECODERS, ComplEx, Decoder, DistMult, HadamardMLP, TransE, link_loss
@@ -51,6 +51,7 @@ __all__ = [
     "LAYERS",
     "PartialAggregate",
     "PartialSources",
+    "class_weighted_cross_entropy",
     "OPTIMIZERS",
     "AggregationModel",
     "ComplEx",

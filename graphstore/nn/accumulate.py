@@ -36,7 +36,25 @@ from graphstore.nn.layers import GNN
 from graphstore.sample.base import Batch
 from graphstore.sample.microbatch import MicroBatch, loss_weights
 
-__all__ = ["micro_batch_backward"]
+__all__ = ["class_weighted_cross_entropy", "micro_batch_backward"]
+
+
+def class_weighted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, class_weights: torch.Tensor | None = None,
+                                 *, ignore_index: int = -1, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of the labelled targets, each times its class's weight, summed or
+    averaged over their *count* (not over the weights, as ``F.cross_entropy(weight=)``
+    does): with weights whose mean over a buffer state is 1 (`NodeBatch.class_weights`) a
+    batch's loss is an unbiased share of the state's reweighted loss, and micro-batches,
+    which average by count (`micro_batch_backward`), accumulate to the whole batch's.
+    Without weights it is ``F.cross_entropy``."""
+    if class_weights is None:
+        return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction=reduction)
+    per = F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="none")
+    labelled = labels != ignore_index
+    w = torch.zeros_like(per)
+    w[labelled] = class_weights.to(device=per.device, dtype=per.dtype)[labels[labelled]]
+    total = (per * w).sum()
+    return total if reduction == "sum" else total / labelled.sum().clamp(min=1)
 
 
 def micro_batch_backward(model: GNN, batch: Batch, parts: Sequence[MicroBatch], *,

@@ -98,7 +98,8 @@ def test_ranks_train_as_one_process_accumulating_their_batches(cora, tmp_path, n
 def trainer(cora, out: Path, scheme: str, *extra) -> subprocess.CompletedProcess:
     return torchrun(2, REPO / "trainers" / "node_classification.py", "--store", cora, "--scheme", scheme,
                     "--fanouts", "5,5", "--hidden", "16", "--batch-size", "32", "--lr", "0.02", "--dropout", "0.5",
-                    "--seed", "3", *extra, timeout=150)
+                    "--seed", "3", "--normalize-features", "none", "--eval-every", "1",
+                    *(["--buffer-partitions", "2"] if scheme in ("megabatch", "disk") else []), *extra, timeout=150)
 
 
 def test_the_trainer_runs_under_torchrun(cora, tmp_path):

@@ -343,7 +343,7 @@ def test_the_defaults_learn_from_the_store_alone(cora_store, tmp_path, capsys):
     assert cfg["loaders"]["train"]["batch_size"] == 32
     assert "buffer_bytes" not in cfg["derived"]  # minibatch holds the whole graph anyway
     assert m["stopped_early"] is not None and len(m["epochs"]) < cfg["epochs"]
-    assert m["stopped_early"] - m["final"]["epoch"] == cfg["patience"]
+    assert m["stopped_early"] - m["final"]["epoch"] >= cfg["patience"]  # stopped at an evaluated epoch
     assert m["final"]["test"]["acc"] > 0.75
     printed = capsys.readouterr().out
     assert "test" not in "".join(line for line in printed.splitlines() if line.startswith("epoch "))

@@ -27,7 +27,9 @@ NC_CONFIG_KEYS = {
     "loader_scheme", "loaders", "lr", "lr_schedule", "macro_batch_bytes", "macro_batches", "metrics_out",
     "feature_cache_bytes", "feature_cache", "cache_lookahead", "micro_batch_budget", "micro_batches",
     "micro_batching", "micro_strategy", "model", "normalize_features", "num_layers", "policy", "prefetch", "resume",
-    "reuse", "scheme", "seed", "static_cache", "store", "weight_decay"}
+    "reuse", "scheme", "seed", "static_cache", "store", "weight_decay",
+    # issue 30: early stopping, evaluation's rhythm, per-state label balance, the derived defaults' rules
+    "patience", "eval_every", "balance_labels", "derived"}
 LP_CONFIG_KEYS = {
     "batch_size", "buffer_bytes", "buffer_partitions", "checkpoint_dir", "config", "corrupt", "decoder_hidden",
     "decoder_layers", "degree_fraction", "device", "dropout", "embedding_dim", "embedding_lr",
@@ -50,7 +52,8 @@ def test_flags_over_toml_over_defaults(tmp_path):
     args = NC.parse(["--config", path, "--hidden", "12", "--store", "b.gs"])
     assert (args.scheme, args.fanouts, args.hidden, args.lr, args.store) == ("disk", (5, 5), 12, 0.05, "b.gs")
     assert args.weight_decay == 0.001 and args.buffer_bytes == 4 << 20 and args.prefetch is False
-    assert (args.epochs, args.model, args.config) == (10, "sage", path)  # defaults; the file is recorded
+    assert (args.epochs, args.model, args.config) == (200, "sage", path)  # defaults; the file is recorded
+    assert (args.patience, args.batch_size, args.normalize_features) == (20, None, "auto")  # decided by the data
     # A flag given at its default value still overrides the file.
     assert NC.parse(["--config", path, "--scheme", "minibatch"]).scheme == "minibatch"
     # `prefetch = false` says the same as `no-prefetch = true`.
@@ -67,7 +70,7 @@ def test_link_prediction_defaults_and_renamed_flag(tmp_path):
 
 
 @pytest.mark.parametrize("text, needle", [
-    ('hiden = 3\n', "unknown option 'hiden' (known: aggregation-cache, batch-size, buffer-bytes"),
+    ('hiden = 3\n', "unknown option 'hiden' (known: aggregation-cache, balance-labels, batch-size, buffer-bytes"),
     ('config = "other.toml"\n', "unknown option 'config'"),  # a file does not name another
     ('epochs = "many"\n', "epochs: expected an integer (got 'many')"),
     ('lr = "fast"\n', "lr: cannot read 'fast' as float"),
@@ -156,7 +159,9 @@ def test_help_lists_every_field(options):
 
 
 def test_run_only_options_are_the_ones_resume_may_change():
-    assert common.RUN_ONLY == {"config", "resume", "epochs", "metrics_out", "checkpoint_dir", "device", "store"}
+    assert common.RUN_ONLY == {"config", "resume", "epochs", "metrics_out", "checkpoint_dir", "device", "store",
+                               "derived"}
+    assert nc.NodeClassificationOptions.run_only_names() - common.RUN_ONLY == {"patience", "eval_every"}
 
 
 def test_metrics_config_keys_are_unchanged(cora_store, fresh_kg, tmp_path):
