@@ -21,7 +21,7 @@ from graphstore.loaders.defaults import (
 from tests.conftest import REPO, make_graph
 
 
-@pytest.mark.parametrize("num_train, batch", [(140, 32), (20, 20), (4000, 500), (10_000_000, 1000)])
+@pytest.mark.parametrize("num_train, batch", [(140, 64), (20, 20), (4000, 500), (10_000_000, 1000)])
 def test_the_batch_is_a_fraction_of_the_training_split(num_train, batch):
     assert default_batch_size(num_train)[0] == batch
 

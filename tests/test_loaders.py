@@ -90,6 +90,28 @@ def test_balanced_labels_give_every_state_the_splits_label_mix(store, scheme):
     assert plain.settings.balance_labels is None and next(iter(plain.epoch(0))).class_weights is None
 
 
+def test_balancing_is_on_by_default_only_where_states_cluster_labels(store, tmp_path):
+    """balance_labels=None decides from the data: random labels over partitions (the
+    module's store) give states no more skewed than chance; labels laid out by partition
+    (a class per block of ids, sequential partitions) give states of one or two classes."""
+    import dataclasses
+
+    loose = NodeLoader(store, split="train", fanouts=(3,), batch_size=7, scheme="megabatch", capacity=2,
+                       balance_labels=None)
+    assert loose.settings.balance_labels is None and abs(loose.settings.label_skew) < 0.1
+    graph, _ = make_graph(num_nodes=800, num_edges=4000, num_classes=4)
+    clustered = dataclasses.replace(graph, labels=np.arange(800) * 4 // 800)
+    convert(clustered, tmp_path / "c.gs", ConvertOptions(num_partitions=8, partitioner="sequential"))
+    with graphstore.open(tmp_path / "c.gs") as tight:
+        loader = NodeLoader(tight, split="train", fanouts=(3,), batch_size=7, scheme="megabatch", capacity=2,
+                            balance_labels=None)
+        assert loader.settings.balance_labels is True and loader.settings.label_skew > 0.3
+        assert next(iter(loader.epoch(0))).class_weights is not None
+        memory = NodeLoader(tight, split="train", fanouts=(3,), batch_size=7, scheme="minibatch",
+                            balance_labels=None)  # one state: the split itself
+        assert memory.settings.balance_labels is None and abs(memory.settings.label_skew) < 0.1
+
+
 def test_evaluation_sees_every_node_once_in_order_of_states(store):
     loader = NodeLoader(store, split="valid", fanouts=(-1,), batch_size=1000, scheme="disk", shuffle=False)
     seen = [t for b in loader.epoch(0) for t in b.store_ids[b.dense.node_id_offsets[-1]:].tolist()]

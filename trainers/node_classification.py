@@ -196,7 +196,7 @@ class NodeClassificationOptions(CommonOptions):
              "graph with all neighbours, out of core, in the training buffer's memory)")
     batch_size: int | None = option(
         None, type=positive_int, metavar="B",
-        help="targets per training batch (default: min(1000, max(32, train split / 8)), so an epoch is several "
+        help="targets per training batch (default: min(1000, max(64, train split / 8)), so an epoch is several "
              "optimizer steps even on a 20-per-class split)")
     epochs: int = option(200, type=positive_int, run_only=True,
                          help="most epochs (default 200); --patience usually stops sooner")
@@ -208,9 +208,11 @@ class NodeClassificationOptions(CommonOptions):
         None, type=positive_int, run_only=True, metavar="N",
         help="evaluate on validation every N epochs and after the last (default: after an epoch whenever "
              "evaluation so far took no longer than training, so it stays within half of the run)")
-    balance_labels: bool = option(
-        False, help="weigh each buffer state's loss by class so its targets have the training split's label mix "
-                    "(out-of-core schemes: a few METIS partitions' labels cluster)")
+    balance_labels: str = option(
+        "auto", choices=("auto", "on", "off"),
+        help="weigh each buffer state's loss by class so its targets have the training split's label mix (a few "
+             "METIS partitions' labels cluster); auto (default): on when the states' label mixes are on average "
+             "more than 0.15 (total variation) further from the split's than random states of their sizes")
     hidden: int = option(64, type=positive_int, help="hidden width")
     dropout: float = option(0.5, type=unit_float)
     weight_decay: float = option(5e-4, type=float)
@@ -396,7 +398,8 @@ def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificat
         fetch_kw["feature_fetch"] = PartitionedFetch(store, common_kw.get("aggregated"))
     loaders = {"train": NodeLoader(store, split="train", fanouts=fanouts, batch_size=args.batch_size,
                                    reuse=args.reuse, shuffle=True, **dict(common_kw, scheme=args.scheme),
-                                   **micro_kw, **fetch_kw, balance_labels=args.balance_labels)}
+                                   **micro_kw, **fetch_kw,
+                                   balance_labels={"auto": None, "on": True, "off": False}[args.balance_labels])}
     eval_kw = dict(common_kw, seed=args.seed + 1)
     if config.eval_scheme != config.loader_scheme:  # the buffer flags describe the training scheme
         eval_kw.update(scheme=config.eval_scheme, policy=None, capacity=None, buffer_bytes=None,

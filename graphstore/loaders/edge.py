@@ -8,11 +8,17 @@ from typing import Any
 
 import numpy as np
 
+import torch
+
+from graphstore.buffer.manager import LoadedState
+from graphstore.buffer.policies import EpochPlan
 from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EmbeddingTable
+from graphstore.layout.hashing import mix64
 from graphstore.layout.store import Store
 from graphstore.loaders.base import BufferedLoader
 from graphstore.loaders.schemes import SCHEMES
+from graphstore.loaders.seeds import epoch_seed
 from graphstore.loaders.settings import EdgeLoaderSettings
 from graphstore.loaders.shard import Shard
 from graphstore.loaders.stages import (
@@ -20,12 +26,140 @@ from graphstore.loaders.stages import (
     EdgeTargets,
     EpochContext,
     Negatives,
+    SALT_EDGE_ORDER,
+    PositiveEdges,
     Stage,
     bucket_edge_counts,
     run_stages,
 )
 
-__all__ = ["EdgeLoader"]
+__all__ = ["EdgeLoader", "SpreadEdgeTargets", "spread_edge_counts"]
+
+# An `epoch_seed` salt of the bucket spread (the stages' salts are 1-13).
+SALT_BUCKET_SPREAD = 21
+_M1, _M2, _M3 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9)
+
+
+def _holds(plan: EpochPlan) -> np.ndarray:
+    """``[S, p] bool``: partition k resident in state s."""
+    hold = np.zeros((len(plan.states), plan.num_partitions), dtype=bool)
+    for s, parts in enumerate(plan.states):
+        hold[s, list(parts)] = True
+    return hold
+
+
+def _rotation(base: int, bucket: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Per bucket ``i * p + j``, which of its ``count`` shares its first co-resident state takes."""
+    h = mix64(np.asarray(bucket, dtype=np.uint64) * _M1 ^ np.uint64(base))
+    return (h % np.maximum(count, 1).astype(np.uint64)).astype(np.int64)
+
+
+def _share_sizes(n: np.ndarray, m: np.ndarray, share: np.ndarray) -> np.ndarray:
+    """Size of share ``share`` when ``n`` edges are cut into ``m`` near-equal shares (the
+    first ``n % m`` one larger: `torch.tensor_split`)."""
+    m = np.maximum(m, 1)
+    return n // m + (share < n % m)
+
+
+def _share_of_position(t: np.ndarray, n: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Which share position ``t`` (``0 <= t < n``) falls in, shares as `_share_sizes`."""
+    m = np.maximum(m, 1)
+    base, extra = n // m, n % m
+    boundary = extra * (base + 1)
+    return np.where(t < boundary, t // (base + 1), extra + (t - boundary) // np.maximum(base, 1))
+
+
+def _state_shares(hold: np.ndarray, s: int, parts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For the buckets among ``parts`` (state ``s``'s partitions, ascending): how many states
+    hold both ends (``[c, c]``) and how many of them come before ``s``."""
+    h = hold[:, parts].astype(np.int64)
+    return h.T @ h, h[:s].T @ h[:s]
+
+
+def spread_edge_counts(plan: EpochPlan, bucket_sizes: np.ndarray, *, seed: int) -> list[int]:
+    """Training edges of each state of ``plan`` under `SpreadEdgeTargets` (``bucket_sizes[i,
+    j]``: edges of bucket (i, j)): each bucket's edges cut into near-equal shares, one per
+    state holding both its partitions."""
+    hold = _holds(plan)
+    p = plan.num_partitions
+    base = epoch_seed(seed, plan.epoch, SALT_BUCKET_SPREAD)
+    counts = []
+    for s, state in enumerate(plan.states):
+        parts = np.asarray(sorted(state), dtype=np.int64)
+        m, before = _state_shares(hold, s, parts)
+        bucket = parts[:, None] * p + parts[None, :]
+        share = (before + _rotation(base, bucket, m)) % m
+        counts.append(int(_share_sizes(bucket_sizes[np.ix_(parts, parts)], m, share).sum()))
+    return counts
+
+
+class SpreadEdgeTargets:
+    """`EdgeTargets` with each bucket's edges spread over every state that holds both of
+    its partitions, instead of all in the one state the plan assigns the bucket to.
+
+    Bucket (i, j) is resident together in ``m_ij`` states of the epoch; its edges, ordered
+    by a seeded hash of ``(src, dst, rel)`` and the epoch, are cut into ``m_ij`` near-equal
+    shares, and the ``k``-th state holding both trains share ``(k + r_ij) mod m_ij`` (``r_ij``
+    a seeded rotation). Every state computes the same order from the same resident edges,
+    so every edge trains exactly once an epoch, in a state where both its ends are resident.
+
+    Why (a departure from MariusGNN, which trains a bucket whole in one random co-resident
+    state): with METIS partitions a bucket's edges are one community's (a diagonal bucket
+    holds ~30-85 % of the edges of a knowledge graph), and training it in one state makes
+    that state's examples correlated (its relation mix far from the graph's); spread over
+    the states that could train it, each state's mix is the expected one of COMET's random
+    assignment. The IO is the plan's: the states are the same."""
+
+    def __init__(self, batch_size: int, *, seed: int) -> None:
+        self.batch_size, self.seed = batch_size, seed
+
+    def __call__(self, states: Iterator[LoadedState], ctx: EpochContext) -> Iterator[PositiveEdges]:
+        order_gen = ctx.generator(SALT_EDGE_ORDER)
+        plan = ctx.plan
+        hold = _holds(plan)
+        p = plan.num_partitions
+        base = epoch_seed(self.seed, plan.epoch, SALT_BUCKET_SPREAD)
+        for loaded in states:
+            g = loaded.graph
+            src, dst, edges = self._edges_here(g, loaded.index, hold, p, base)
+            order = torch.randperm(edges.numel(), generator=order_gen)
+            src, dst, edges = src[order], dst[order], edges[order]
+            for start in range(0, edges.numel(), self.batch_size):
+                e = edges[start:start + self.batch_size]
+                rel = g.rel[e] if g.rel is not None else torch.zeros(e.numel(), dtype=torch.int64)
+                yield PositiveEdges(g, src[start:start + self.batch_size], dst[start:start + self.batch_size], rel)
+
+    @staticmethod
+    def _edges_here(g, s: int, hold: np.ndarray, p: int, base: int):
+        """State ``s``'s share of every bucket among its resident partitions."""
+        src, dst, edges = g.training_edges(None, s)
+        if edges.numel() == 0:
+            return src, dst, edges
+        ids = g.node_ids
+        P = g.partition_size
+        si, di = ids[src].numpy().astype(np.int64), ids[dst].numpy().astype(np.int64)
+        rel = g.rel[edges].numpy().astype(np.int64) if g.rel is not None else np.zeros(len(si), np.int64)
+        parts = np.unique(np.concatenate([si // P, di // P]))
+        m_all, before_all = _state_shares(hold, s, parts)
+        a, b = np.searchsorted(parts, si // P), np.searchsorted(parts, di // P)
+        m, before = m_all[a, b], before_all[a, b]
+        bucket = (si // P) * p + di // P
+        share = (before + _rotation(base, bucket, m)) % m
+        # A key per edge from its ends, relation and the epoch alone: the same in every
+        # state, whatever the slots. Equal edges (kept duplicates) tie, which is harmless:
+        # each state counts positions, so each copy is taken once.
+        key = mix64((si.astype(np.uint64) * _M1) ^ (di.astype(np.uint64) * _M2)
+                    ^ (rel.astype(np.uint64) * _M3) ^ np.uint64(base))
+        order = np.lexsort((key, bucket))
+        sorted_bucket = bucket[order]
+        starts = np.searchsorted(sorted_bucket, sorted_bucket, side="left")
+        n = np.searchsorted(sorted_bucket, sorted_bucket, side="right") - starts
+        position = np.empty(len(order), dtype=np.int64)
+        position[order] = np.arange(len(order)) - starts
+        n_edge = np.empty(len(order), dtype=np.int64)
+        n_edge[order] = n
+        keep = torch.from_numpy(_share_of_position(position, n_edge, m) == share)
+        return src[keep], dst[keep], edges[keep]
 
 
 class EdgeLoader(BufferedLoader):
@@ -60,7 +194,7 @@ class EdgeLoader(BufferedLoader):
                  capacity: int | None = None, buffer_bytes: int | None = None,
                  embeddings: EmbeddingTable | None = None, fanouts: Sequence[int] | None = None,
                  num_logical_partitions: int | None = None, seed: int = 0, prefetch: bool = True,
-                 rank: int = 0, world_size: int = 1) -> None:
+                 rank: int = 0, world_size: int = 1, spread_buckets: bool | None = None) -> None:
         if int(batch_size) < 1 or int(negatives) < 0 or int(num_chunks) < 1:
             raise ConfigError("batch_size and num_chunks must be >= 1 and negatives >= 0")
         self.batch_size, self.negatives, self.num_chunks = int(batch_size), int(negatives), int(num_chunks)
@@ -94,6 +228,7 @@ class EdgeLoader(BufferedLoader):
                          seed=seed, prefetch=prefetch, embedding_dim=0 if embeddings is None else embeddings.dim,
                          policy_options=options, embeddings=embeddings, shard=self.shard,
                          write_back=not (self.embedding_placement == "replicated" and shard.rank > 0))
+        self.spread_buckets = self._resolve_spread(spread_buckets)
         # COMET's l, chosen or derived (the same every epoch), is part of what was decided.
         comet = self.plan(0).options if self.policy == "comet" else {}
         self.settings = EdgeLoaderSettings(
@@ -103,13 +238,27 @@ class EdgeLoader(BufferedLoader):
             world_size=None if self.shard is None else self.shard.world_size,
             embedding_placement=self.embedding_placement)
 
+    def _resolve_spread(self, spread_buckets: bool | None) -> bool:
+        """Whether `SpreadEdgeTargets` picks each state's edges: a plan with buckets walked by
+        one process (a ``disjoint`` plan's rounds and data-parallel shards keep `EdgeTargets`)."""
+        plan = self.plan(0)
+        possible = plan.bucket_states is not None and plan.state_rounds is None and self.shard is None
+        if spread_buckets is None:
+            return False
+        if spread_buckets and not possible:
+            raise ConfigError("spread_buckets needs a plan with edge buckets walked by one process "
+                              f"(policy {self.policy!r}, world_size {1 if self.shard is None else self.shard.world_size})")
+        return bool(spread_buckets)
+
     def _plan_options(self) -> dict[str, Any]:
         return dict(self.options, task="link") if self.policy == "in_memory" else dict(self.options)
 
     def stages(self) -> list[Stage]:
         """The stages after the buffer walk, in order."""
+        targets = (SpreadEdgeTargets(self.batch_size, seed=self.seed) if self.spread_buckets
+                   else EdgeTargets(self.batch_size, shard=self.shard))
         stages: list[Stage] = [
-            EdgeTargets(self.batch_size, shard=self.shard),
+            targets,
             Negatives(negatives=self.negatives, num_chunks=self.num_chunks, degree_fraction=self.degree_fraction),
         ]
         return stages + ([EdgeNeighbourSampling(self.fanouts)] if self.fanouts is not None else [])
@@ -145,7 +294,9 @@ class EdgeLoader(BufferedLoader):
         the most batches any rank has in the round (one round without a ``disjoint`` plan).
         Every rank computes the same steps from the plan, so their collectives match."""
         plan = self.plan(epoch)
-        per_state = [math.ceil(n / self.batch_size) for n in bucket_edge_counts(plan, self._bucket_sizes())]
+        counts = (spread_edge_counts(plan, self._bucket_sizes(), seed=self.seed) if self.spread_buckets
+                  else bucket_edge_counts(plan, self._bucket_sizes()))
+        per_state = [math.ceil(n / self.batch_size) for n in counts]
         if plan.state_rounds is None:
             if self.shard is None:
                 return [(sum(per_state), sum(per_state))]

@@ -27,10 +27,46 @@ from graphstore.loaders.stages import (
 from graphstore.sample import STRATEGIES
 from graphstore.sample.microbatch import DenseSizes
 
-__all__ = ["DEFAULT_MACRO_BATCHES", "NodeLoader"]
+__all__ = ["BALANCE_SKEW", "DEFAULT_MACRO_BATCHES", "NodeLoader", "label_skew"]
 
 DEFAULT_MACRO_BATCHES = 16
 """Mini-batches per macro-batch of the macrobatch scheme when none is given."""
+BALANCE_SKEW = 0.15
+"""``balance_labels=None`` weighs a state's classes when the states' label mixes are on
+average further than this (total variation distance, beyond what random states of the same
+sizes would show) from the training split's. Amazon Photo, megabatch with 2 of 8 METIS
+partitions resident: 0.30 beyond random, and megabatch without weights reached test
+accuracy 0.26 and 0.81 (2 seeds) against 0.81 and 0.86 with them; 8 of 32 resident: 0.05,
+where the weights cost about half a point (docs/benchmarks.md, "Out of core converges like
+in memory")."""
+SKEW_DRAWS = 16
+"""Random states drawn per state to measure the skew random states of its size show."""
+
+
+def label_skew(plan: EpochPlan, partitions: np.ndarray, labels: np.ndarray, share: np.ndarray) -> float:
+    """How much further the plan's states' label mixes are from ``share`` than random states
+    of the same sizes: the mean over states (each counted by its targets) of the total
+    variation distance of its mix from ``share``, less the same for `SKEW_DRAWS` random
+    draws of as many of the targets (a state of six targets is far from any mix by chance
+    alone). ``partitions`` and ``labels`` are the targets' (labels -1: unlabelled, left
+    out). Deterministic: the draws come from a fixed seed."""
+    k = share.size
+    labelled = labels >= 0
+    pool = labels[labelled]
+    rng = np.random.default_rng(0)
+    excess, weight = 0.0, 0
+    for mine in plan.target_states(partitions):
+        y = labels[mine]
+        y = y[y >= 0]
+        if y.size == 0:
+            continue
+        observed = 0.5 * float(np.abs(np.bincount(y, minlength=k)[:k] / y.size - share).sum())
+        draws = pool[rng.integers(0, pool.size, (SKEW_DRAWS, y.size))]
+        mixes = np.stack([np.bincount(d, minlength=k)[:k] for d in draws]) / y.size
+        chance = 0.5 * float(np.abs(mixes - share).sum(axis=1).mean())
+        excess += (observed - chance) * y.size
+        weight += y.size
+    return excess / weight if weight else 0.0
 
 
 class NodeLoader(BufferedLoader):
@@ -132,7 +168,7 @@ class NodeLoader(BufferedLoader):
                  macro_batches: int | str | None = None, macro_batch_bytes: int | None = None,
                  feature_cache_bytes: int | None = None, feature_cache: str = "belady",
                  cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD, aggregated: str | None = None,
-                 rank: int = 0, world_size: int = 1, feature_fetch=None, balance_labels: bool = False) -> None:
+                 rank: int = 0, world_size: int = 1, feature_fetch=None, balance_labels: bool | None = False) -> None:
         if not store.manifest.has_labels:
             raise ConfigError(f"{store.path}: node classification needs labels; the store has none")
         if int(batch_size) < 1:
@@ -160,11 +196,15 @@ class NodeLoader(BufferedLoader):
         super().__init__(store, scheme=scheme, policy=policy, capacity=capacity, buffer_bytes=buffer_bytes,
                          seed=seed, prefetch=prefetch, cache_fraction=static_cache,
                          train_partitions=self.train_partitions, shard=self.shard)
-        self.balance = None
-        if balance_labels and self.targets.size:
+        self.balance, self.label_skew = None, None
+        if (balance_labels or balance_labels is None) and self.targets.size:
             labels = np.asarray(store.labels[self.targets], dtype=np.int64)
-            labels = labels[labels >= 0]
-            self.balance = np.bincount(labels, minlength=store.num_classes)[:store.num_classes] / max(1, labels.size)
+            share = np.bincount(labels[labels >= 0], minlength=store.num_classes)[:store.num_classes]
+            share = share / max(1, share.sum())
+            if balance_labels is None:  # auto: when the states' label mixes stray far from the split's
+                self.label_skew = label_skew(self.plan(0), self.targets // store.partition_size, labels, share)
+            if balance_labels or (self.label_skew is not None and self.label_skew > BALANCE_SKEW):
+                self.balance = share
         self.micro = self._micro_stage(micro_batches, micro_batch_budget, micro_strategy, step_estimator)
         self.macro = self._macro_stage(macro_batches, macro_batch_bytes, feature_cache_bytes, feature_cache,
                                        cache_lookahead, aggregated, feature_fetch)
@@ -183,7 +223,7 @@ class NodeLoader(BufferedLoader):
             feature_cache=feature_cache if self.macro and feature_cache_bytes is not None else None,
             cache_lookahead=cache_lookahead if self.macro and feature_cache_bytes is not None else None,
             aggregated=aggregated, world_size=None if self.shard is None else self.shard.world_size,
-            balance_labels=True if self.balance is not None else None)
+            balance_labels=True if self.balance is not None else None, label_skew=self.label_skew)
 
     def _macro_stage(self, macro_batches: int | str | None, budget: int | None, cache_bytes: int | None,
                      cache_policy: str, lookahead: int, aggregated: str | None,

@@ -160,17 +160,21 @@ class NodeLoaderSettings(LoaderSettings):
     balance_labels: bool | None = None
     """True: each state's loss weighs its classes to the training split's label mix
     (`NodeBatch.class_weights`); None: unweighted."""
+    label_skew: float | None = None
+    """With ``balance_labels=None`` (decided by the data): how much further the epoch-0
+    states' label mixes are from the split's than random states of their sizes (total
+    variation distance, `graphstore.loaders.node.label_skew`), which decided it; else None."""
 
     _KINDS: ClassVar[dict[str, str]] = {
         "split": _STR, "fanouts": _INTS, "batch_size": _INT, "reuse": _INT, "shuffle": _BOOL,
         "num_targets": _INT, "micro_batches": _INT, "micro_batch_budget": _INT, "micro_strategy": _STR,
         "macro_batches": _INT, "macro_batch_bytes": _INT, "feature_cache_bytes": _INT, "feature_cache": _STR,
         "cache_lookahead": _INT, "aggregated": _STR, "world_size": _INT,
-        "balance_labels": _BOOL}
+        "balance_labels": _BOOL, "label_skew": _FLOAT}
     _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"micro_batches", "micro_batch_budget", "micro_strategy",
                                                          "macro_batches", "macro_batch_bytes", "feature_cache_bytes",
                                                          "feature_cache", "cache_lookahead", "aggregated",
-                                                         "world_size", "balance_labels"})
+                                                         "world_size", "balance_labels", "label_skew"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -339,8 +339,8 @@ def test_the_defaults_learn_from_the_store_alone(cora_store, tmp_path, capsys):
     check_contract(m, len(m["epochs"]))
     cfg = m["config"]
     assert cfg["normalize_features"] == "row" and "bag-of-words" in cfg["derived"]["normalize_features"]
-    assert cfg["batch_size"] == 32 and "train split 140" in cfg["derived"]["batch_size"]
-    assert cfg["loaders"]["train"]["batch_size"] == 32
+    assert cfg["batch_size"] == 64 and "train split 140" in cfg["derived"]["batch_size"]
+    assert cfg["loaders"]["train"]["batch_size"] == 64
     assert "buffer_bytes" not in cfg["derived"]  # minibatch holds the whole graph anyway
     assert m["stopped_early"] is not None and len(m["epochs"]) < cfg["epochs"]
     assert m["stopped_early"] - m["final"]["epoch"] >= cfg["patience"]  # stopped at an evaluated epoch
