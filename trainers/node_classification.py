@@ -1,14 +1,15 @@
 """Train a GNN node classifier on a graphstore store, in memory or out of core.
 
-    python trainers/node_classification.py --store S.gs --model sage|gcn|gat|gin
-        --scheme minibatch|megabatch|disk|microbatch [--policy sequential|dispersed|hierbatching]
+    python trainers/node_classification.py --store S.gs          # everything else from the data
+        [--model sage|gcn|gat|gin] [--scheme minibatch|megabatch|disk|microbatch|macrobatch]
+        [--policy sequential|dispersed|hierbatching]
         [--micro-batches K | --micro-batch-budget BYTES] [--micro-strategy reg|metis|random|range]
         [--buffer-partitions C | --buffer-bytes B] [--reuse P] [--static-cache R]
-        --fanouts 15,10 --batch-size 1000 --epochs E --lr 0.01 --hidden 64 --dropout 0.5
-        --seed 0 --device cpu --metrics-out M.json --checkpoint-dir D [--resume]
-        [--config C.toml] [--eval-fanouts -1,-1] [--eval-scheme S] [--eval-batch-size B]
-        [--weight-decay 5e-4] [--heads 4]
-        [--normalize-features none|row] [--lr-schedule none|cosine]
+        [--fanouts 15,10] [--batch-size B] [--epochs 200] [--patience 20] [--eval-every N]
+        [--lr 0.01] [--hidden 64] [--dropout 0.5] [--seed 0] [--device cpu] [--metrics-out M.json]
+        [--checkpoint-dir D [--resume]] [--config C.toml] [--eval-fanouts -1,-1] [--eval-scheme S]
+        [--eval-batch-size B] [--weight-decay 5e-4] [--heads 4] [--balance-labels auto|on|off]
+        [--normalize-features auto|none|row] [--lr-schedule none|cosine]
 
 Schemes (`graphstore.loaders`): ``minibatch`` holds the whole graph (the in-memory
 reference), ``megabatch`` HierBatching's mega-batches (a quarter of the partitions, a
@@ -26,7 +27,20 @@ batch's update. ``--micro-batches`` with ``megabatch`` or ``disk`` splits those 
 out of core, holding no more partitions than the training scheme does; not yet the default
 of megabatch and disk (their published accuracy rows are to be re-measured with it first).
 
-Evaluation (every epoch, valid and test splits) runs the model in eval mode over
+Defaults from the data (`resolve_defaults`, `graphstore.loaders.defaults`; each rule printed
+and recorded in the metrics' ``config.derived``): ``--normalize-features auto`` row-normalises
+non-negative, mostly-zero rows; the batch is min(1000, max(64, train split / 8)); without
+``--buffer-bytes``/``--buffer-partitions`` an out-of-core scheme's buffer is half the memory the
+process may still use (a resumed run keeps its checkpoint's); ``--balance-labels auto`` weighs
+a buffer state's classes when its targets' labels cluster (`graphstore.loaders.node.label_skew`).
+
+Selection: up to ``--epochs`` (200), stopping once neither validation accuracy nor loss has
+improved for ``--patience`` (20) epochs; validation only during training (after an epoch
+whenever evaluation so far has taken no longer than training, or every ``--eval-every N``);
+the best-validation-accuracy model is restored and scored once on valid and test (``final``
+and ``best`` in the metrics JSON, with ``selection``).
+
+Evaluation runs the model in eval mode over
 `NodeLoader` batches of the same scheme (or ``--eval-scheme``) with ``shuffle=False`` and
 ``reuse=1`` (every target exactly once). Under megabatch/disk a target sees only the
 neighbours resident with it, as in training; ``--eval-scheme minibatch`` evaluates in
@@ -43,9 +57,6 @@ Planetoid and the gnn-benchmark datasets. It is applied to each batch's gathered
 core. ``--lr-schedule cosine`` anneals the learning rate per epoch from ``--lr`` towards 0
 (``lr * (1 + cos(pi * epoch / epochs)) / 2``); it is a function of the epoch alone, so a
 resumed run sets the same rates.
-
-The ``final`` metrics are the last epoch's; ``best`` are those of the epoch with the best
-validation accuracy (the usual model selection), both in the metrics JSON.
 
 Data parallel: ``torchrun --nproc-per-node N trainers/node_classification.py ...`` trains
 every scheme with `DistributedDataParallel` (`graphstore.distributed.data_parallel`; gloo on
