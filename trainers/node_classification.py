@@ -124,6 +124,9 @@ except ImportError:  # run as a script
                          unit_float)
 
 PROG = "node_classification.py"
+LOSS_PROGRESS = 0.01
+"""Early stopping counts a validation loss as progress when it is this much (relative) below
+the lowest so far; smaller drops go on for hundreds of epochs under weight decay."""
 FULL_EVAL_MAX_EDGES = 10_000_000
 """Up to this many edges, evaluation samples every neighbour (exact); above, the training fanouts."""
 # The choices of --model, --scheme, --eval-scheme, --policy and --micro-strategy: the
@@ -674,7 +677,7 @@ def _train(args: NodeClassificationOptions) -> int:
             if record.get("valid") is not None:
                 if improves(record["valid"], best):
                     best = record
-                if lowest is None or record["valid"]["loss"] < lowest["valid"]["loss"]:
+                if lowest is None or record["valid"]["loss"] < (1 - LOSS_PROGRESS) * lowest["valid"]["loss"]:
                     lowest = record
         train_s = sum(h["time_s"] for h in history)
         eval_s = sum(h["eval_time_s"] for h in history)
@@ -707,7 +710,7 @@ def _train(args: NodeClassificationOptions) -> int:
             history.append(record)
             if valid is not None and improves(valid, best):
                 best, best_state = record, _cpu_state(model)
-            if valid is not None and (lowest is None or valid["loss"] < lowest["valid"]["loss"]):
+            if valid is not None and (lowest is None or valid["loss"] < (1 - LOSS_PROGRESS) * lowest["valid"]["loss"]):
                 lowest = record
             shown = (f"valid acc {valid['acc']:.4f} loss {valid['loss']:.4f}  (+{t2 - t1:.2f} s eval)"
                      if valid is not None else "(not evaluated)")
