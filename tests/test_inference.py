@@ -169,16 +169,19 @@ def test_a_changed_spilled_accumulator_is_refused(tmp_path):
     with torch.no_grad():  # as inference runs
         acc = layer.partial_begin(h)
         layer.partial_update(acc, h, torch.tensor([0, 1, 2]), torch.tensor([1, 1, 4]))
-    path = tmp_path / "acc.npz"
+    path = tmp_path / "acc.bin"
     _spill(path, acc)
     back, _ = _restore(path)  # read back whole, and the file is gone
     assert torch.equal(back.total, acc.total) and torch.equal(back.count, acc.count) and not path.exists()
     _spill(path, acc)
-    with np.load(path) as data:
-        arrays = {name: data[name] for name in data.files}
-    arrays["total"][0, 0] += 1.0  # a changed value under the old checksum
-    np.savez(path, **arrays)
-    with pytest.raises(CorruptStoreError, match="acc.npz: a spilled accumulator fails its checksum"):
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x40  # a changed value (the last byte of the last field) under the old checksum
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptStoreError, match="acc.bin: a spilled accumulator fails its checksum"):
+        _restore(path)
+    _spill(path, acc)
+    path.write_bytes(path.read_bytes()[:-6])
+    with pytest.raises(CorruptStoreError, match="acc.bin: a spilled accumulator is cut short"):
         _restore(path)
 
 
@@ -243,7 +246,7 @@ def test_an_all_zero_field_is_spilled_as_its_shape(tmp_path):
     with torch.no_grad():
         acc = layer.partial_begin(torch.randn(1000, 4))
     acc.own = None
-    written = _spill(tmp_path / "a.npz", acc)
+    written = _spill(tmp_path / "a.bin", acc)
     assert written < 100  # [1000, 4] zeros and [1000] zero counts: two shapes
-    back, _ = _restore(tmp_path / "a.npz")
+    back, _ = _restore(tmp_path / "a.bin")
     assert torch.equal(back.total, acc.total) and back.count.dtype == torch.int64 and not back.count.any()

@@ -1,5 +1,5 @@
 """Exact full-graph inference out of core: every layer for every node, with all neighbours,
-one edge bucket at a time.
+a piece of edges at a time.
 
 Each layer runs in two passes over the store (the partial form of `graphstore.nn.layers`:
 ``partial_sources/begin/update/finish``; SAR, section 3.2):
@@ -15,14 +15,31 @@ Each layer runs in two passes over the store (the partial form of `graphstore.nn
    resident, one swap per state, every bucket (i, j) in exactly one state where i and j are
    both resident): bucket (i, j) adds partition i's prepared sources to partition j's
    accumulator. An accumulator is read in with its partition and written back when the
-   partition leaves before all its in-buckets are done, as the buffer writes embeddings
-   back. After its last in-bucket the partition is finished (the layer's output function,
+   partition leaves before all its in-edges are added, as the buffer writes embeddings
+   back. After its last in-edge the partition is finished (the layer's output function,
    then the activation) and written to the next layer's scratch array (checksummed per
    partition).
 
+A state's buckets are added in *pieces* of at most ``piece_edges`` edges, a number the byte
+budget sets (`_Walk._fit`), not the graph: small buckets go whole, several to a piece; a
+bucket larger than a piece is cut into consecutive ranges of its edges. A bucket is stored
+sorted by (destination, source), so a range is a range of destinations (a destination's
+in-edges may straddle two pieces: the partial form takes edges split any way, GAT's softmax
+included). A partition is finished once its count of in-edges still to add reaches 0, after
+its last piece. A piece is added `UPDATE_BYTES` of gathered source rows at a time, so the
+``[E, width]`` temporaries of an update are bounded and of one size; the budget's floor is
+then two partitions of prepared rows and accumulators (with the one read ahead), finishing
+one, and a piece of `MIN_PIECE_EDGES` edges, whatever the largest bucket. The ranges of a
+cut bucket are read a window at a time (`_EdgeWindows`): a read of part of a bucket is
+verified by reading its whole edge chunk (no checksum covers less), so windows aligned to
+chunks read each chunk once, however many pieces it feeds. The accumulators are read back
+into slots allocated once per layer, as the prepared rows are, and the allocator's free
+blocks are handed back between the passes (`_trim`): what the process holds follows the
+budget, not the allocator's history.
+
 Both passes read one step ahead in a background thread (the next partition; the next
-state's admitted partitions and its buckets, contiguous buckets in one request), so the
-disk works while the CPU aggregates. The capacity ``c`` is chosen per layer from a byte
+state's admitted partitions and its pieces, contiguous whole buckets in one request), so
+the disk works while the CPU aggregates. The capacity ``c`` is chosen per layer from a byte
 budget and that layer's prepared widths, so narrow layers hold more partitions and re-read
 less; memory is bounded by the budget, not by the graph.
 
@@ -38,6 +55,8 @@ features are read once per layer instead of once per admission).
 
 from __future__ import annotations
 
+import ctypes
+import json
 import math
 import os
 import shutil
@@ -68,9 +87,21 @@ EDGE_SHARE = 0.25
 prepared rows and accumulators): a state's buckets are taken in pieces of at most that many
 bytes, so a large first state does not shrink the capacity of every state."""
 
-INDEX_BYTES = 32
-"""Bytes per edge besides its stored ids while a piece is filed: int64 source and
-destination rows, and their concatenation."""
+MIN_PIECE_EDGES = 1024
+"""The fewest edges a piece may hold: a budget too small for two partitions and a piece of
+this many edges is refused (below it, per-piece overheads outweigh the bytes saved)."""
+
+INDEX_BYTES = 16
+"""Bytes per edge and edge array besides its stored id while a piece is filed: the id as an
+int64 row, and that row's concatenation with the destination's other buckets."""
+
+UPDATE_BYTES = 4 << 20
+"""Source rows gathered per ``partial_update`` call: a piece's edges are added this many
+bytes of rows at a time, so an update's temporaries are small and of one size."""
+
+WINDOW_EDGES: int | None = None
+"""Edges per read of a bucket that is cut into pieces (`_EdgeWindows`): None reads the
+store's edge chunks (the unit a read of part of a bucket is verified in anyway)."""
 
 
 @dataclass
@@ -153,46 +184,105 @@ class ScratchRows:
 
 
 def _spill(path: Path, acc: PartialAggregate) -> int:
-    """Write ``acc`` to ``path`` (npz, checksummed); returns the bytes written. A field that
-    is all zeros (SAGE's and RGCN's opening sums) is written as its shape and dtype only."""
-    arrays = {}
+    """Write ``acc`` to ``path`` (checksummed); returns the bytes of its fields written. A
+    field that is all zeros (SAGE's and RGCN's opening sums) is written as its shape and
+    dtype only.
+
+    The file is a little-endian uint64 header length, the header (JSON: every field's name,
+    dtype, shape and whether its bytes follow), the bytes of the fields that follow in that
+    order, and the crc32 of the header and those bytes (uint32). The bytes go out from the
+    tensors' own memory: an accumulator is a partition of rows, and a copy of it on the way
+    (as ``np.savez`` makes, a zip member not being a file) would be memory the budget does
+    not count."""
+    header, arrays = [], []
     for f in fields(acc):
         value = getattr(acc, f.name)
         if value is None:
             continue
-        if value.any():
-            arrays[f.name] = value.numpy()
-        else:
-            arrays[f"{f.name}{_ZEROS}{str(value.dtype).removeprefix('torch.')}"] = np.array(value.shape, np.int64)
-    crc = 0
-    for name in sorted(arrays):
-        crc = zlib.crc32(np.ascontiguousarray(arrays[name]), crc)
-    np.savez(path, __crc__=np.array([crc], dtype=np.int64), **arrays)
-    return sum(a.nbytes for a in arrays.values())
+        stored = bool(value.any())
+        header.append([f.name, str(value.dtype).removeprefix("torch."), list(value.shape), stored])
+        if stored:
+            arrays.append(np.ascontiguousarray(value.numpy()))
+    head = json.dumps(header).encode()
+    crc = zlib.crc32(head)
+    with open(path, "wb") as out:
+        out.write(len(head).to_bytes(8, "little"))
+        out.write(head)
+        for a in arrays:
+            out.write(memoryview(a).cast("B"))
+            crc = zlib.crc32(a, crc)
+        out.write(crc.to_bytes(4, "little"))
+    return sum(a.nbytes for a in arrays)
 
 
-_ZEROS = "__zeros__"
+def _restore(path: Path, out: dict[str, torch.Tensor] | None = None) -> tuple[PartialAggregate, int]:
+    """Read back and remove an accumulator `_spill` wrote; returns it and the bytes read.
+    With ``out`` (field name -> C-contiguous tensor of the field's shape and dtype), the
+    fields are read into those tensors, and the accumulator is made of them."""
 
+    def read(f, n: int, out: memoryview | None = None) -> memoryview:
+        view = memoryview(bytearray(n)) if out is None else out
+        done = 0
+        while done < len(view):
+            got = f.readinto(view[done:])
+            if not got:
+                raise CorruptStoreError(f"{path}: a spilled accumulator is cut short")
+            done += got
+        return view
 
-def _restore(path: Path) -> tuple[PartialAggregate, int]:
-    """Read back and remove an accumulator `_spill` wrote; returns it and the bytes read."""
-    with np.load(path) as data:
-        arrays = {name: data[name] for name in data.files if name != "__crc__"}
-        crc = 0
-        for name in sorted(arrays):
-            crc = zlib.crc32(np.ascontiguousarray(arrays[name]), crc)
-        if crc != int(data["__crc__"][0]):
+    values, nbytes = {}, 0
+    with open(path, "rb", buffering=0) as f:
+        head = read(f, int.from_bytes(read(f, 8), "little"))
+        crc = zlib.crc32(head)
+        try:
+            header = json.loads(bytes(head))
+        except ValueError:
+            raise CorruptStoreError(f"{path}: a spilled accumulator fails its checksum") from None
+        for name, dtype, shape, stored in header:
+            into = None if out is None else out.get(name)
+            kept = None if into is None else (list(into.shape), str(into.dtype).removeprefix("torch."))
+            if kept is not None and kept != (shape, dtype):
+                raise CorruptStoreError(f"{path}: a spilled accumulator's {name} is {dtype} {shape}, "
+                                        f"not {into.dtype} {list(into.shape)}")
+            if not stored:
+                if into is None:
+                    into = torch.empty(shape, dtype=getattr(torch, dtype))
+                values[name] = into.zero_()
+                continue
+            a = np.empty(shape, dtype=dtype) if into is None else into.numpy()
+            read(f, a.nbytes, memoryview(a).cast("B"))  # straight into the array
+            crc = zlib.crc32(a, crc)
+            nbytes += a.nbytes
+            values[name] = torch.from_numpy(a) if into is None else into
+        if crc != int.from_bytes(read(f, 4), "little"):
             raise CorruptStoreError(f"{path}: a spilled accumulator fails its checksum")
     path.unlink()
-    nbytes = sum(a.nbytes for a in arrays.values())
-    values = {}
-    for name, a in arrays.items():
-        if _ZEROS in name:
-            field_name, dtype = name.split(_ZEROS)
-            values[field_name] = torch.zeros(tuple(a.tolist()), dtype=getattr(torch, dtype))
-        else:
-            values[name] = torch.from_numpy(a)
     return PartialAggregate(**values), nbytes
+
+
+try:
+    _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+except (OSError, AttributeError):  # not glibc: nothing to trim with
+    _MALLOC_TRIM = None
+
+
+def _trim() -> None:
+    """Hand the memory the C allocator holds free back to the system (glibc's
+    ``malloc_trim``; elsewhere nothing). Between the passes: the prepare pass frees its
+    partition-sized blocks into the heap, where glibc keeps them (its mmap threshold rises
+    to the size of the blocks it has freed), and the walk's slots are new mappings that
+    cannot reuse them, so without this the freed blocks would sit under the walk's budget.
+    Not per state: a trim walks every free chunk (milliseconds)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _acc_fields(layer) -> dict[str, torch.Tensor]:
+    """The fields of a layer's accumulator but the self term, as one zero row's."""
+    with torch.no_grad():
+        acc = layer.partial_begin(torch.zeros(1, layer.in_dim), degrees_dst=torch.zeros(1, dtype=torch.int64))
+    return {f.name: getattr(acc, f.name) for f in fields(acc)
+            if f.name != "own" and getattr(acc, f.name) is not None}
 
 
 def _row_bytes(layer, kind: str) -> tuple[int, int, int]:
@@ -212,11 +302,22 @@ def _row_bytes(layer, kind: str) -> tuple[int, int, int]:
 
 
 def min_buffer_bytes(model: GNN, store: Store, *, prefetch: bool = True) -> int:
-    """The least ``buffer_bytes`` `infer_layerwise` accepts for ``model`` over ``store``: two
-    partitions of its widest layer (its input read ahead in the prepare pass; its prepared
-    rows, accumulators and the largest bucket in the walk)."""
+    """The least ``buffer_bytes`` `infer_layerwise` accepts for ``model`` over ``store``: for
+    its most demanding layer, the prepare pass (three partitions of layer input: one
+    prepared, the next read ahead, a transformed copy; one partition's prepared rows and
+    accumulator) or the walk at two partitions (their prepared rows and accumulators, the
+    next state's admission read ahead, finishing one, and a piece of `MIN_PIECE_EDGES`
+    edges), whichever is more. It does not depend on the size of the largest bucket: a
+    bucket larger than a piece is cut."""
     walk = _Walk(model, store, Path("."), InferenceStats(), seed=0, prefetch=prefetch)
-    return max(walk._need(layer, 2, 0)[0] for layer in model.layers)
+    return max(walk._least_bytes(walk._costs(layer)) for layer in model.layers)
+
+
+def _check_budget(model: GNN, store: Store, buffer_bytes: int, *, prefetch: bool) -> None:
+    """Refuse a budget some layer cannot run in before anything is read (`_Walk._fit`)."""
+    walk = _Walk(model, store, Path("."), InferenceStats(), seed=0, prefetch=prefetch)
+    for l, layer in enumerate(model.layers):
+        walk._fit(l, walk._costs(layer), buffer_bytes)
 
 
 class _Pipeline:
@@ -271,9 +372,14 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
         Partitions resident at once in every layer's aggregation (>= 2).
     buffer_bytes : int, optional
         The byte budget instead: each layer holds as many partitions as its prepared rows,
-        accumulators and edges in flight allow; below `min_buffer_bytes` (two partitions of
-        the widest layer) it is refused. Default, when neither is given: what a quarter of
-        the partitions' first-layer input rows take, or `min_buffer_bytes` when more.
+        accumulators and edges in flight allow, and takes its edges in pieces the rest of
+        the budget holds (a bucket larger than a piece is cut); below `min_buffer_bytes`
+        (two partitions of the most demanding layer and a small piece of edges) it is
+        refused before anything is read, the message saying what the floor is made of.
+        Default, when neither is given: what a quarter of the partitions' first-layer input
+        rows take, or `min_buffer_bytes` when more. Not counted: the process itself (the
+        interpreter, torch, the store's maps) and the window of a cut bucket's edges read
+        at once (at most one edge chunk, 4 MiB, per edge array).
     work_dir : path, optional
         Where the scratch arrays and accumulators go: a new ``graphstore-infer-*``
         directory inside it (the system's temporary directory by default), removed afterwards
@@ -318,6 +424,8 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
     if capacity is None and buffer_bytes is None:
         buffer_bytes = max(math.ceil(p / 4) * P * model.layers[0].in_dim * 4,
                            min_buffer_bytes(model, store, prefetch=prefetch))
+    if buffer_bytes is not None:
+        _check_budget(model, store, buffer_bytes, prefetch=prefetch)
     stats = stats if stats is not None else InferenceStats()
     started = time.perf_counter()
     if work_dir is not None:
@@ -368,13 +476,86 @@ def _out_width(layer) -> int:
 @dataclass(frozen=True, slots=True)
 class _State:
     """What the loader read for one step of the aggregation walk (a state's admissions, with
-    its first piece, and a piece of its buckets)."""
+    its first piece, and a piece of its edges)."""
 
     accs: dict[int, PartialAggregate]
     """Admitted partitions' accumulators (unfinished ones), read back."""
-    pieces: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]]
+    pieces: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
     """Per destination partition j: its in-edges of this step as (rows of the source
-    slots, rows of j, relations or None, buckets)."""
+    slots, rows of j, relations or None), int64 [E_j] each."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Costs:
+    """The bytes one layer's passes hold (`_Walk._costs`), what ``buffer_bytes`` pays for."""
+
+    prepare: int
+    """The prepare pass: three partitions of layer input (the one prepared, the next read
+    ahead, a transformed or converted copy), one partition's prepared rows, accumulator and
+    self term, and finishing a partition without in-edges."""
+    slot: int
+    """One resident partition in the walk: its prepared rows and its accumulator."""
+    finish: int
+    """Finishing a partition (its self term read back, the output function's temporaries,
+    the activation); an update's accumulator-sized temporaries (GAT's new maximum) fit in it
+    too, as the two never overlap."""
+    edge_ids: int
+    """One edge of a piece: its stored ids and int64 rows in the piece being filed and in the
+    piece being aggregated."""
+    edge_update: int
+    """One edge while it is added: its gathered source row and one product of it (GAT: the
+    weighted copy; RGCN: the mixed bases), and its index temporaries. At most
+    ``update_edges`` edges are added at a time."""
+    update_edges: int
+    """Edges per ``partial_update`` call (`UPDATE_BYTES` of source rows; GAT: at least a
+    partition, as each call rescales the whole accumulator)."""
+
+    def edge_bytes(self, edges: int) -> int:
+        """What a piece of ``edges`` edges holds."""
+        return edges * self.edge_ids + min(edges, self.update_edges) * self.edge_update
+
+    def edges_within(self, nbytes: int) -> int:
+        """The most edges a piece may hold in ``nbytes`` (the inverse of `edge_bytes`)."""
+        full = self.update_edges * (self.edge_ids + self.edge_update)
+        if nbytes >= full:
+            return self.update_edges + (nbytes - full) // self.edge_ids
+        return max(nbytes, 0) // (self.edge_ids + self.edge_update)
+
+
+class _EdgeWindows:
+    """Ranges of a cut bucket's edges, served from a window of the bucket read at once.
+
+    A read of part of a bucket is verified by reading the edge chunk that holds it (no
+    checksum covers less, `graphstore.layout._chunkio`), so reading each piece's range on its
+    own would read and checksum a whole chunk per piece. A window is the stretch of the
+    bucket inside one ``window_edges``-aligned block (the store's edge chunk by default), read
+    once (exactly its bytes when it is the whole bucket) and sliced for every piece it
+    feeds; the pieces of a bucket come in order, so one window is held at a time, by the one
+    thread that loads steps.
+    """
+
+    def __init__(self, store: Store, names: list[str], window_edges: int) -> None:
+        self.store, self.names, self.window_edges = store, names, window_edges
+        self.offsets = store.bucket_offsets
+        self.lo = self.hi = 0
+        self.arrays: list[np.ndarray] = []
+
+    def take(self, b: int, lo: int, hi: int) -> tuple[list[np.ndarray], int]:
+        """Edges ``[lo, hi)`` (store positions, inside bucket ``b``) of every edge array, and
+        the bytes read from the store to serve them."""
+        parts, nbytes, w = [], 0, self.window_edges
+        while lo < hi:
+            if not self.lo <= lo < self.hi:
+                start = max(int(self.offsets[b]), lo // w * w)
+                stop = min(int(self.offsets[b + 1]), (lo // w + 1) * w)
+                self.arrays = []  # the old window goes before the next is read
+                self.arrays = self.store.read_many([(name, start, stop, None) for name in self.names])
+                self.lo, self.hi = start, stop
+                nbytes += sum(a.nbytes for a in self.arrays)
+            stop = min(hi, self.hi)
+            parts.append([a[lo - self.lo:stop - self.lo] for a in self.arrays])
+            lo = stop
+        return [cols[0] if len(cols) == 1 else np.concatenate(cols) for cols in zip(*parts)], nbytes
 
 
 class _Walk:
@@ -387,7 +568,10 @@ class _Walk:
         self._lock = threading.Lock()  # the loader thread and this one both count
         p = store.num_partitions
         self.sizes = np.diff(store.bucket_offsets).reshape(p, p).T  # sizes[i, j]: edges of bucket (i, j)
-        self.edge_names = ["edges/src", "edges/dst"] + (["edges/rel"] if store.manifest.has_relations else [])
+        # Only an RGCN reads the relations (the others would read them for nothing).
+        self.edge_names = ["edges/src", "edges/dst"] + (["edges/rel"] if model.kind == "rgcn" else [])
+        self.window_edges = int(WINDOW_EDGES or store.manifest.chunks["edges"])
+        self._plans: dict[int, object] = {}
 
     def _add(self, **counts: int) -> None:
         with self._lock:
@@ -401,7 +585,9 @@ class _Walk:
         store, p = self.store, self.store.num_partitions
         gcn = self.model.kind == "gcn"
         last = l == self.model.num_layers - 1
-        self.remaining = (self.sizes > 0).sum(axis=0)  # in-buckets still to add, per destination
+        # In-edges still to add, per destination: a partition finishes after its last piece,
+        # however its buckets were cut (a count of buckets would finish it after the first).
+        self.remaining = self.sizes.sum(axis=0)
         self.finished = np.zeros(p, dtype=bool)
         self.layer_, self.target, self.last, self.l = layer, target, last, l
         prepared: dict[str, ScratchRows] = {}
@@ -449,9 +635,14 @@ class _Walk:
                     if self.remaining[k] == 0:  # no in-edges at all: its output is the self term's
                         self._finish(k, acc)
                     else:
-                        written = _spill(self.root / f"acc{k}.npz", acc)
+                        written = _spill(self.root / f"acc{k}.bin", acc)
                         self._add(spill_bytes=written, bytes_written=written)
+                    # Nothing of partition k may outlive its turn: the walk's budget does not
+                    # count a prepare pass's rows.
+                    del sources, acc, deg, degrees
+            _trim()
             self._aggregate(prepared, capacity, buffer_bytes)
+            _trim()
         finally:
             for rows in [*prepared.values(), *([self.own] if self.own is not None else [])]:
                 rows.close()
@@ -474,66 +665,127 @@ class _Walk:
 
     def _capacity(self, layer, capacity: int | None, buffer_bytes: int | None):
         """This layer's capacity, its plan and the most edges a piece may hold: the given
-        capacity, or the most partitions whose walk fits ``buffer_bytes`` (`_need`)."""
+        capacity with whole buckets, or what ``buffer_bytes`` allows (`_fit`)."""
+        if capacity is not None:  # no budget: pieces of the largest bucket, none cut
+            c = min(capacity, self.store.num_partitions)
+            return c, self._plan(c), max(int(self.sizes.max(initial=0)), 1)
+        c, piece_edges = self._fit(self.l, self._costs(layer), buffer_bytes)
+        return c, self._plan(c), piece_edges
+
+    def _plan(self, c: int):
+        """BETA's plan at capacity ``c`` (None: every partition resident), made once per c."""
         p = self.store.num_partitions
-        if capacity is not None:
-            c = min(capacity, p)
-            return c, self._plan(c), self._need(layer, c, buffer_bytes or 0)[1]
-        if p > 2 and self._need(layer, 2, buffer_bytes)[0] > buffer_bytes:
-            raise ConfigError(f"buffer_bytes {buffer_bytes} is too small for layer {self.l} of the model: "
-                              f"two partitions of it need {self._need(layer, 2, buffer_bytes)[0]} bytes "
-                              f"(min_buffer_bytes gives the least that works)")
-        lo, hi = 2, p  # the largest c that fits, by bisection (the need grows with c)
+        if c >= p:
+            return None
+        if c not in self._plans:
+            self._plans[c] = plan_epoch("beta", num_partitions=p, capacity=c, epoch=0, seed=self.seed)
+        return self._plans[c]
+
+    def _slots(self, c: int) -> int:
+        """Partitions of prepared rows and accumulators held at capacity ``c`` (with prefetch,
+        the next state's admission besides)."""
+        plan = self._plan(c)
+        if plan is None:
+            return self.store.num_partitions
+        return slots_needed(plan.states, prefetch=self.prefetch)
+
+    def _costs(self, layer) -> _Costs:
+        """What a layer's passes hold, per partition and per edge (`_Costs`)."""
+        P = self.store.partition_size
+        source_row, acc_row, own_row = _row_bytes(layer, self.model.kind)
+        finish = P * (own_row + acc_row + 3 * 4 * _out_width(layer))
+        prepare = P * (3 * 4 * layer.in_dim + source_row + acc_row + own_row) + finish
+        id_bytes = 2 * np.dtype(self.store.manifest.index_dtype).itemsize + 4 * (len(self.edge_names) - 2)
+        update_edges = max(1, UPDATE_BYTES // source_row)
+        if self.model.kind == "gat":
+            # Logits, gathered scores, weights and the expanded index: [E, heads] each.
+            temporaries = 8 * 4 * layer.heads
+            update_edges = max(update_edges, P)
+        elif self.model.kind == "rgcn":
+            temporaries = 3 * 8  # the (destination, relation) groups, the gather index, the bincount's input
+        else:
+            temporaries = 0
+        return _Costs(prepare=prepare, slot=P * (source_row + acc_row), finish=finish,
+                      edge_ids=2 * (id_bytes + INDEX_BYTES * len(self.edge_names)),
+                      edge_update=2 * source_row + temporaries, update_edges=update_edges)
+
+    def _room(self, costs: _Costs, c: int, buffer_bytes: int) -> int:
+        """Edges a piece may hold at capacity ``c``: what the budget leaves after the slots."""
+        return costs.edges_within(buffer_bytes - self._slots(c) * costs.slot - costs.finish)
+
+    def _least_bytes(self, costs: _Costs) -> int:
+        walk = self._slots(min(2, self.store.num_partitions)) * costs.slot + costs.finish
+        return max(costs.prepare, walk + costs.edge_bytes(MIN_PIECE_EDGES))
+
+    def _fit(self, l: int, costs: _Costs, buffer_bytes: int) -> tuple[int, int]:
+        """The capacity and piece size of layer ``l`` under ``buffer_bytes``: the most
+        partitions that leave pieces their ``EDGE_SHARE`` of the budget, every partition when
+        they all fit (edges then take the rest), else two with whatever the slots leave, as
+        long as that is `MIN_PIECE_EDGES` or more. The largest bucket plays no part: a bucket
+        larger than a piece is cut (`_pieces`).
+
+        Raises
+        ------
+        ConfigError
+            Not even that fits: the message gives the floor and what it is made of.
+        """
+        p = self.store.num_partitions
+        least = min(2, p)
+        if costs.prepare > buffer_bytes or self._room(costs, least, buffer_bytes) < MIN_PIECE_EDGES:
+            raise self._too_small(l, costs, buffer_bytes)
+        share = max(costs.edges_within(int(buffer_bytes * EDGE_SHARE)), MIN_PIECE_EDGES)
+        lo, hi = least, p  # the largest c that fits, by bisection (the slots grow with c)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self._need(layer, mid, buffer_bytes)[0] <= buffer_bytes:
+            if self._room(costs, mid, buffer_bytes) >= share:
                 lo = mid
             else:
                 hi = mid - 1
-        c = min(lo, p)
-        return c, self._plan(c), self._need(layer, c, buffer_bytes)[1]
+        room = self._room(costs, lo, buffer_bytes)
+        return lo, room if lo == p else min(share, room)
 
-    def _plan(self, c: int):
-        p = self.store.num_partitions
-        return plan_epoch("beta", num_partitions=p, capacity=c, epoch=0, seed=self.seed) if c < p else None
+    def _too_small(self, l: int, costs: _Costs, buffer_bytes: int) -> ConfigError:
+        c = min(2, self.store.num_partitions)
+        slots = self._slots(c)
+        edges = costs.edge_bytes(MIN_PIECE_EDGES)
+        walk = slots * costs.slot + costs.finish + edges
+        if walk >= costs.prepare:
+            ahead = f", {slots - c} more read ahead" if slots > c else ""
+            what = (f"{slots} partitions of prepared rows and accumulators ({slots * costs.slot}; "
+                    f"{c} resident{ahead}) + finishing one ({costs.finish}) "
+                    f"+ a piece of {MIN_PIECE_EDGES} edges ({edges})")
+        else:
+            what = (f"its prepare pass: three partitions of its {self.model.layers[l].in_dim}-wide input "
+                    f"and one of prepared rows and accumulators")
+        return ConfigError(f"buffer_bytes {buffer_bytes} is too small for layer {l} of the model: it needs "
+                           f"{max(walk, costs.prepare)} bytes: {what} "
+                           f"(min_buffer_bytes gives the least that works)")
 
-    def _need(self, layer, c: int, buffer_bytes: int) -> tuple[int, int]:
-        """Bytes a layer's passes hold at capacity ``c`` and the edges a piece may take.
-
-        Prepare: two partitions of the layer input (one read ahead) and one partition's
-        prepared rows, accumulator and self term. Walk: the slots (prefetch included) of
-        prepared rows and accumulators, and two pieces of edges: an edge costs its stored ids
-        and int64 indices in each, and while aggregated its gathered source row and the
-        weighted copy of it (GAT). Pieces take ``EDGE_SHARE`` of the budget, and at least the
-        largest bucket."""
-        p, P = self.store.num_partitions, self.store.partition_size
-        source_row, acc_row, own_row = _row_bytes(layer, self.model.kind)
-        prepare = P * (2 * 4 * layer.in_dim + source_row + acc_row + own_row)
-        per_edge = 2 * (4 * len(self.edge_names) + INDEX_BYTES) + 2 * source_row
-        piece_edges = max(int(self.sizes.max(initial=0)), int(buffer_bytes * EDGE_SHARE) // per_edge, 1)
-        plan = self._plan(c)
-        slots = slots_needed(plan.states, prefetch=self.prefetch) if plan is not None else p
-        rows = slots * P * (source_row + acc_row)
-        if plan is None and buffer_bytes > rows + piece_edges * per_edge:
-            piece_edges = (buffer_bytes - rows) // per_edge  # all resident: edges may take the rest
-        return max(prepare, rows + piece_edges * per_edge), piece_edges
-
-    def _pieces(self, states, state_of: np.ndarray, piece_edges: int) -> list[tuple[int, list[int]]]:
-        """The walk's steps: each state's non-empty buckets ``b = j * p + i`` (ascending), cut
-        into pieces of at most ``piece_edges`` edges (at least one bucket each); a state with
-        no bucket is a step too (its admissions may be needed later)."""
-        p = self.store.num_partitions
+    def _pieces(self, states, state_of: np.ndarray,
+                piece_edges: int) -> list[tuple[int, list[tuple[int, int, int]]]]:
+        """The walk's steps: each state's non-empty buckets ``b = j * p + i`` (ascending) as
+        pieces of at most ``piece_edges`` edges, each a list of ``(b, lo, hi)`` edge
+        positions. A bucket that fits a piece is never cut (read as it is stored, with its own
+        checksum); a larger one fills the open piece, then whole pieces, then opens the next
+        with its rest: consecutive ranges of its edges, so of its destinations (a bucket is
+        sorted by destination). A state with no bucket is a step too (its admissions may be
+        needed later)."""
+        p, offsets = self.store.num_partitions, self.store.bucket_offsets
         steps = []
         for s, state in enumerate(states):
             buckets = sorted(j * p + i for j in state for i in state if state_of[i, j] == s and self.sizes[i, j] > 0)
             piece, edges = [], 0
             for b in buckets:
-                size = int(self.sizes[b % p, b // p])
-                if piece and edges + size > piece_edges:
-                    steps.append((s, piece))
-                    piece, edges = [], 0
-                piece.append(b)
-                edges += size
+                lo, hi = int(offsets[b]), int(offsets[b + 1])
+                whole = hi - lo <= piece_edges
+                while lo < hi:
+                    if edges == piece_edges or (whole and edges + hi - lo > piece_edges):
+                        steps.append((s, piece))
+                        piece, edges = [], 0
+                    stop = min(hi, lo + piece_edges - edges)
+                    piece.append((b, lo, stop))
+                    edges += stop - lo
+                    lo = stop
             steps.append((s, piece))
         return steps
 
@@ -552,11 +804,19 @@ class _Walk:
         # Every prepared field's slots: slot z holds a partition's rows at [z * P, (z + 1) * P).
         slots = {name: torch.empty(num_slots * P, *r.shape) for name, r in prepared.items()}
         sources = PartialSources(**slots)
+        # The accumulators live in slots too, read back into the slot of their partition:
+        # allocated once, they are the slot bytes the budget counts, not a partition-sized
+        # allocation per admission for the allocator to keep when it is freed.
+        acc_slots = {name: torch.empty(num_slots * P, *value.shape[1:], dtype=value.dtype)
+                     for name, value in _acc_fields(layer).items()}
         offsets = store.bucket_offsets
         finished = self.finished
+        windows = _EdgeWindows(store, self.edge_names, self.window_edges)
+        update_edges = self._costs(layer).update_edges
+        names = len(self.edge_names)
 
         def load(t: int) -> _State:
-            s, buckets = steps[t]
+            s, ranges = steps[t]
             where = dict(zip(states[s], slot_plan.slots[s]))
             accs = {}
             if t == 0 or steps[t - 1][0] != s:  # the state's first step admits its partitions
@@ -568,48 +828,76 @@ class _Walk:
                         rows.read(k, out)
                         self._add(bytes_read=out.nbytes, planned_bytes=out.nbytes)
                     if not finished[k]:
-                        accs[k], nbytes = _restore(root / f"acc{k}.npz")
+                        into = {name: a[z * P:z * P + stop - start] for name, a in acc_slots.items()}
+                        accs[k], nbytes = _restore(root / f"acc{k}.bin", into)
                         self._add(bytes_read=nbytes)
-            spans = _bucket_spans(buckets, offsets)
+            # Whole buckets in coalesced requests of exactly their bytes; ranges of a cut
+            # bucket from its window.
+            whole_buckets = [b for b, lo, hi in ranges if (lo, hi) == (offsets[b], offsets[b + 1])]
+            spans = _bucket_spans(whole_buckets, offsets)
             got = store.read_many([(name, lo, hi, None) for lo, hi, _ in spans for name in self.edge_names])
             nbytes = sum(a.nbytes for a in got)
-            self._add(bytes_read=nbytes, planned_bytes=nbytes)
-            per_dst: dict[int, list] = {}
+            whole = {}
             for n, (lo, _, members) in enumerate(spans):
-                arrays = got[n * len(self.edge_names):(n + 1) * len(self.edge_names)]
+                arrays = got[n * names:(n + 1) * names]
                 for b in members:
-                    i, j = b % p, b // p
-                    b_lo, b_hi = int(offsets[b]) - lo, int(offsets[b + 1]) - lo
-                    src, dst, *rel = (a[b_lo:b_hi] for a in arrays)
-                    # Source rows live in i's slot; destination rows are j's local rows.
-                    per_dst.setdefault(j, []).append((src.astype(np.int64) + (where[i] * P - i * P),
-                                                      dst.astype(np.int64) - j * P, rel[0] if rel else None))
+                    whole[b] = [a[int(offsets[b]) - lo:int(offsets[b + 1]) - lo] for a in arrays]
             del got
+            per_dst: dict[int, list] = {}
+            for b, lo, hi in ranges:
+                if b in whole:
+                    arrays = whole.pop(b)
+                else:
+                    arrays, read = windows.take(b, lo, hi)
+                    nbytes += read
+                i, j = b % p, b // p
+                # Source rows live in i's slot; destination rows are j's local rows.
+                src = arrays[0].astype(np.int64)
+                src += where[i] * P - i * P
+                dst = arrays[1].astype(np.int64)
+                dst -= j * P
+                per_dst.setdefault(j, []).append((src, dst, arrays[2] if rgcn else None))
+            self._add(bytes_read=nbytes, planned_bytes=nbytes)
             pieces = {}
             for j, parts in per_dst.items():
-                src = torch.from_numpy(np.concatenate([x[0] for x in parts]))
-                dst = torch.from_numpy(np.concatenate([x[1] for x in parts]))
-                rel = torch.from_numpy(np.concatenate([x[2] for x in parts]).astype(np.int64)) if rgcn else None
-                pieces[j] = (src, dst, rel, len(parts))
+                src, dst, rel = (None if x[0] is None else x[0] if len(x) == 1 else np.concatenate(x)
+                                 for x in zip(*parts))
+                pieces[j] = (torch.from_numpy(src), torch.from_numpy(dst),
+                             None if rel is None else torch.from_numpy(rel.astype(np.int64)))
             return _State(accs, pieces)
 
         accs: dict[int, PartialAggregate] = {}
+
+        def make_room(t: int) -> None:
+            """Write back the accumulators of the partitions whose slots step t's state takes,
+            before the load that reads admissions into those slots starts."""
+            if t < len(steps) and (t == 0 or steps[t - 1][0] != steps[t][0]):
+                for k in [k for _, k in slot_plan.evicted[steps[t][0]] if k in accs]:
+                    nbytes = _spill(root / f"acc{k}.bin", accs.pop(k))
+                    self._add(spill_bytes=nbytes, bytes_written=nbytes)
+
         with torch.no_grad(), _Pipeline(load, len(steps), prefetch=self.prefetch) as pipe:
             for t, (s, _) in enumerate(steps):
+                make_room(t)  # a no-op when written already, before its load started
                 if t == 0 or steps[t - 1][0] != s:
-                    # An accumulator stays while its partition holds a slot (it is counted in
-                    # the slot's bytes); the partitions whose slots state s takes wait on disk,
-                    # written before the next load, the earliest that may read one back, starts.
-                    for k in [k for _, k in slot_plan.evicted[s] if k in accs]:
-                        nbytes = _spill(root / f"acc{k}.npz", accs.pop(k))
-                        self._add(spill_bytes=nbytes, bytes_written=nbytes)
                     stats.max_resident_partitions = max(stats.max_resident_partitions, len(states[s]))
                 loaded = pipe.take(t)
+                if self.prefetch:
+                    # The next state's load starts now, while this state aggregates: with
+                    # prefetch its slots are none this state uses (`assign_slots`), so the
+                    # partitions leaving them are done with until they are read back.
+                    make_room(t + 1)
                 pipe.start(t + 1)
                 accs.update(loaded.accs)
-                for j, (src, dst, rel, count) in loaded.pieces.items():
-                    layer.partial_update(accs[j], sources, src, dst, edge_type=rel)
-                    self.remaining[j] -= count
+                for j, (src, dst, rel) in loaded.pieces.items():
+                    # In equal runs of edges: the temporaries of an update (a gathered row per
+                    # edge) are then one size, which the allocator reuses, where pieces of
+                    # every size would leave it holding freed blocks of every size.
+                    for lo in range(0, src.numel(), update_edges):
+                        hi = lo + update_edges
+                        layer.partial_update(accs[j], sources, src[lo:hi], dst[lo:hi],
+                                             edge_type=None if rel is None else rel[lo:hi])
+                    self.remaining[j] -= src.numel()
                     if self.remaining[j] == 0:
                         self._finish(j, accs.pop(j))
                 del loaded
