@@ -104,7 +104,7 @@ def trainer(cora, out: Path, scheme: str, *extra) -> subprocess.CompletedProcess
 
 def test_the_trainer_runs_under_torchrun(cora, tmp_path):
     out = tmp_path / "m.json"
-    done = trainer(cora, out, "minibatch", "--epochs", "3", "--metrics-out", out)
+    done = trainer(cora, out, "minibatch", "--epochs", "3", "--eval-scheme", "minibatch", "--metrics-out", out)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("\nepoch ") + done.stdout.startswith("epoch ") == 3  # rank 0 alone prints
     m = json.loads(out.read_text())

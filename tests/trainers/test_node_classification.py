@@ -42,7 +42,8 @@ def check_contract(m: dict, epochs: int) -> None:
     assert m["best"] == m["final"] and m["final"]["selection"].startswith("best validation accuracy")
     evaluated = [e for e in m["epochs"] if e["valid"] is not None]
     assert m["epochs"][-1]["valid"] is not None and evaluated
-    assert m["final"]["epoch"] == max(evaluated, key=lambda e: e["valid"]["acc"])["epoch"]
+    # The best accuracy, ties to the lower loss.
+    assert m["final"]["epoch"] == min(evaluated, key=lambda e: (-e["valid"]["acc"], e["valid"]["loss"]))["epoch"]
     assert m["peak_memory_bytes"] > 0
     assert {"python", "torch", "graphstore"} <= set(m["versions"])
     cfg = m["config"]
@@ -71,11 +72,11 @@ def test_each_scheme_learns_and_writes_the_metrics(cora_store, tmp_path, scheme,
     assert (loader["policy"], loader["capacity"]) == (policy, capacity)
     if scheme == "megabatch":  # HierBatching's defaults: a quarter of p, 1 % cache, reuse 2
         assert loader["reuse"] == 2 and loader["static_cache_nodes"] == 28
-    # megabatch and disk evaluate exactly by default (every layer over the whole graph, out of
-    # core: no evaluation loaders); minibatch with its own scheme.
-    evaluation = "minibatch" if scheme == "minibatch" else "exact"
-    assert m["config"]["eval_scheme"] == evaluation
-    assert ("valid" in m["config"]["loaders"]) == (evaluation == "minibatch")
+    # Every scheme evaluates exactly by default (every layer over the whole graph, out of
+    # core, within a recorded budget: no evaluation loaders).
+    evaluation = "exact"
+    assert m["config"]["eval_scheme"] == evaluation and "valid" not in m["config"]["loaders"]
+    assert "at least the walk's floor" in m["config"]["derived"]["eval_buffer_bytes"]
     losses = [e["train_loss"] for e in m["epochs"]]
     assert losses[-1] < losses[0]
     assert m["final"]["test"]["acc"] > CHANCE + 0.35
@@ -262,7 +263,7 @@ def test_eval_batch_size_is_its_own(cora_store, tmp_path):
     once in fewer batches, and the choice is recorded (default: the training batch size)."""
     out = tmp_path / "m.json"
     args = ["--store", cora_store, "--epochs", 1, "--fanouts", "5,5", "--hidden", 8, "--batch-size", 50,
-            "--normalize-features", "none"]
+            "--normalize-features", "none", "--eval-scheme", "minibatch"]
     assert run([*args, "--eval-batch-size", 400, "--metrics-out", out]) == 0
     m = read(out)
     assert m["config"]["eval_batch_size"] == 400
@@ -306,8 +307,9 @@ def test_the_default_evaluation_is_the_schemes(cora_store):
 
     assert evaluation("--scheme", "megabatch") == "exact"
     assert evaluation("--scheme", "disk") == "exact"
-    assert evaluation("--scheme", "minibatch") == "minibatch"
-    assert evaluation("--scheme", "microbatch", "--micro-batches", "2") == "minibatch"
+    assert evaluation("--scheme", "minibatch") == "exact"
+    assert evaluation("--scheme", "microbatch", "--micro-batches", "2") == "exact"
+    assert evaluation("--scheme", "macrobatch") == "exact"
     # Evaluation fanouts ask for sampled evaluation: with the training scheme.
     assert evaluation("--scheme", "megabatch", "--eval-fanouts", "5,5") == "megabatch"
     assert evaluation("--scheme", "disk", "--eval-scheme", "minibatch") == "minibatch"
