@@ -90,7 +90,7 @@ def test_balanced_labels_give_every_state_the_splits_label_mix(store, scheme):
     assert plain.settings.balance_labels is None and next(iter(plain.epoch(0))).class_weights is None
 
 
-def test_balancing_is_on_by_default_only_where_states_cluster_labels(store, tmp_path):
+def test_auto_balancing_is_on_only_where_states_cluster_labels(store, tmp_path):
     """balance_labels=None decides from the data: random labels over partitions (the
     module's store) give states no more skewed than chance; labels laid out by partition
     (a class per block of ids, sequential partitions) give states of one or two classes."""
@@ -343,3 +343,128 @@ def test_scattering_partitions_and_a_missing_hub_group_are_warned_about(tmp_path
             NodeLoader(store, fanouts=(2,), batch_size=50, scheme="megabatch", static_cache=0.01)
         with pytest.raises(ConfigError, match="static_cache must be a fraction"):
             NodeLoader(store, fanouts=(2,), batch_size=50, scheme="megabatch", static_cache=1.5)
+
+
+# ---------------------------------------------------------------- link prediction: bucket spread
+
+
+@pytest.fixture(scope="module")
+def metis_link_store(tmp_path_factory):
+    graph, _ = make_graph(num_nodes=480, num_edges=4000, directed=True, num_relations=3, seed=11)
+    out = tmp_path_factory.mktemp("spread") / "g.gs"
+    convert(graph, out, ConvertOptions(num_partitions=8, partitioner="metis", seed=2, keep_duplicates=True))
+    return out
+
+
+def _bucket_states_trained(loader, epoch):
+    """{(i, j): set of states that trained an edge of bucket (i, j)} and the edges seen."""
+    P, trained, seen = loader.store.partition_size, {}, Counter()
+    plan = loader.plan(epoch)
+    for batch in loader.epoch(epoch):
+        ids = batch.graph.node_ids
+        s, d = ids[batch.src], ids[batch.dst]
+        seen.update(zip(s.tolist(), d.tolist(), batch.rel.tolist()))
+        resident = set(batch.graph.node_ids[batch.graph.node_ids >= 0].div(P, rounding_mode="floor").tolist())
+        state = next(k for k, parts in enumerate(plan.states) if set(parts) == resident)
+        for i, j in set(zip((s // P).tolist(), (d // P).tolist())):
+            trained.setdefault((i, j), set()).add(state)
+    return trained, seen
+
+
+@pytest.mark.parametrize("policy", [None, "comet", "beta"])
+def test_disk_link_spreads_each_bucket_over_the_states_holding_it(metis_link_store, policy):
+    """The disk scheme's default for links: a bucket's edges train in every state that holds
+    both its partitions (in near-equal shares), not all in one; still every edge once."""
+    with graphstore.open(metis_link_store) as store:
+        loader = EdgeLoader(store, batch_size=50, negatives=3, scheme="disk", policy=policy, capacity=4, seed=5)
+        assert loader.spread_buckets
+        src, dst = store.array("edges/src")[...], store.array("edges/dst")[...]
+        rel = store.array("edges/rel")[...]
+        p = store.num_partitions
+        sizes = np.diff(store.bucket_offsets).reshape(p, p).T  # sizes[i, j]: bucket (i, j)
+        for epoch in range(3):
+            plan = loader.plan(epoch)
+            trained, seen = _bucket_states_trained(loader, epoch)
+            assert seen == Counter(zip(src.tolist(), dst.tolist(), rel.tolist()))  # kept duplicates too
+            holders = {(i, j): {k for k, parts in enumerate(plan.states) if i in parts and j in parts}
+                       for (i, j) in trained}
+            spread = 0
+            for (i, j), states in trained.items():
+                assert states <= holders[(i, j)]
+                if sizes[i, j] >= len(holders[(i, j)]):
+                    assert states == holders[(i, j)], (i, j)
+                    spread += len(states) > 1
+            assert spread > 0  # some bucket really is split
+            assert loader.num_batches(epoch) == sum(1 for _ in loader.epoch(epoch))
+
+
+def test_bucket_spread_can_be_turned_off_and_is_refused_where_it_cannot_apply(metis_link_store, tmp_path):
+    with graphstore.open(metis_link_store) as store:
+        whole = EdgeLoader(store, batch_size=50, negatives=3, scheme="disk", capacity=4, seed=5, spread_buckets=False)
+        trained, _ = _bucket_states_trained(whole, 0)
+        assert all(len(states) == 1 for states in trained.values())  # MariusGNN: one state per bucket
+        assert not EdgeLoader(store, batch_size=50, negatives=3, scheme="minibatch").spread_buckets
+        with pytest.raises(ConfigError, match="spread_buckets needs a plan with edge buckets"):
+            EdgeLoader(store, batch_size=50, negatives=3, scheme="minibatch", spread_buckets=True)
+
+
+def test_spread_epochs_replay_and_write_embeddings_back(metis_link_store, tmp_path):
+    import shutil
+    path = tmp_path / "copy.gs"
+    shutil.copytree(metis_link_store, path)
+    with graphstore.open(path, mode="r+") as store:
+        table = EmbeddingTable.create(store, 4, seed=0)
+        before = table.read_all()
+        loader = EdgeLoader(store, batch_size=40, negatives=3, scheme="disk", capacity=4, embeddings=table, seed=3)
+        first = []
+        held = np.zeros(store.num_nodes)
+        for batch in loader.epoch(1):
+            ids = batch.graph.node_ids
+            first.append((ids[batch.src].tolist(), ids[batch.dst].tolist(), ids[batch.negatives.nodes].tolist()))
+            rows = torch.unique(torch.cat([batch.src, batch.dst]))
+            batch.graph.embeddings[rows, 0] += 1.0
+            held[ids[rows].numpy()] += 1
+        after = EmbeddingTable.open(store).read_all()
+        # every update written back: each row moved by the number of batches that held it
+        np.testing.assert_allclose(after[:, 0] - before[:, 0], np.broadcast_to(held[:, None], before[:, 0].shape),
+                                   atol=1e-5)
+        np.testing.assert_array_equal(after[:, 1], before[:, 1])
+        fresh = EdgeLoader(store, batch_size=40, negatives=3, scheme="disk", capacity=4, embeddings=table, seed=3)
+        again = [(b.graph.node_ids[b.src].tolist(), b.graph.node_ids[b.dst].tolist(),
+                  b.graph.node_ids[b.negatives.nodes].tolist()) for b in fresh.epoch(1)]
+        assert again == first
+
+
+@pytest.mark.parametrize("spread", [True, False])
+def test_disk_embeddings_and_adagrad_state_come_back_bit_for_bit(metis_link_store, tmp_path, spread):
+    """Every resident row a state sees is exactly what the last state that held it left
+    (value and optimizer state, float32 bit for bit), across evictions, re-reads and epochs."""
+    import shutil
+    path = tmp_path / "copy.gs"
+    shutil.copytree(metis_link_store, path)
+    with graphstore.open(path, mode="r+") as store:
+        table = EmbeddingTable.create(store, 3, seed=1)
+        expected = table.read_all()
+        loader = EdgeLoader(store, batch_size=30, negatives=3, scheme="disk", capacity=4, embeddings=table,
+                            seed=7, spread_buckets=spread)
+        step = np.float32(0.37)
+        for epoch in range(2):
+            graph = None
+            for batch in loader.epoch(epoch):
+                g = batch.graph
+                if g is not graph:  # a new state: what was read (or kept) must be what was left
+                    graph = g
+                    local = torch.nonzero(g.node_ids >= 0).flatten()
+                    got = g.embeddings[local].numpy()
+                    want = expected[g.node_ids[local].numpy()]
+                    assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+                rows = torch.unique(torch.cat([batch.src, batch.dst, batch.negatives.nodes.flatten()]))
+                # an Adagrad-like step on value and state, mirrored in float32
+                grad = torch.sin(g.node_ids[rows].to(torch.float32))[:, None] * step
+                acc = g.embeddings[rows, 1] + grad * grad
+                g.embeddings[rows, 1] = acc
+                g.embeddings[rows, 0] = g.embeddings[rows, 0] - 0.1 * grad / (acc.sqrt() + 1e-10)
+                ids = g.node_ids[rows].numpy()
+                expected[ids] = g.embeddings[rows].numpy()
+        after = EmbeddingTable.open(store).read_all()
+        assert after.view(np.uint32).tobytes() == expected.view(np.uint32).tobytes()

@@ -32,8 +32,10 @@ Defaults from the data (`resolve_defaults`, `graphstore.loaders.defaults`; each 
 and recorded in the metrics' ``config.derived``): ``--normalize-features auto`` row-normalises
 non-negative, mostly-zero rows; the batch is min(1000, max(64, train split / 8)); without
 ``--buffer-bytes``/``--buffer-partitions`` an out-of-core scheme's buffer is half the memory the
-process may still use (a resumed run keeps its checkpoint's); ``--balance-labels auto`` weighs
-a buffer state's classes when its targets' labels cluster (`graphstore.loaders.node.label_skew`).
+process may still use (a resumed run keeps its checkpoint's). ``--balance-labels auto|on``
+weighs a buffer state's classes when its targets' labels cluster
+(`graphstore.loaders.node.label_skew`); off by default (docs/benchmarks.md, "Out of core
+converges like in memory").
 
 Selection: up to ``--epochs`` (200), stopping once neither validation accuracy nor loss has
 improved for ``--patience`` (20) epochs; validation only during training (after an epoch
@@ -224,10 +226,11 @@ class NodeClassificationOptions(CommonOptions):
         help="evaluate on validation every N epochs and after the last (default: after an epoch whenever "
              "evaluation so far took no longer than training, so it stays within half of the run)")
     balance_labels: str = option(
-        "auto", choices=("auto", "on", "off"),
+        "off", choices=("auto", "on", "off"),
         help="weigh each buffer state's loss by class so its targets have the training split's label mix (a few "
-             "METIS partitions' labels cluster); auto (default): on when the states' label mixes are on average "
-             "more than 0.15 (total variation) further from the split's than random states of their sizes")
+             "METIS partitions' labels cluster); auto: on when the states' label mixes are on average more than "
+             "0.15 (total variation) further from the split's than random states of their sizes; off (default: "
+             "measured, it learns faster at first and ends lower)")
     hidden: int = option(64, type=positive_int, help="hidden width")
     dropout: float = option(0.5, type=unit_float)
     weight_decay: float = option(5e-4, type=float)

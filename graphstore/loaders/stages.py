@@ -265,7 +265,8 @@ class NodeTargets:
         Amazon Photo with 2 of 8 partitions resident, half the label mass of a state is
         misplaced against the split), so consecutive steps pull the classifier towards
         each state's classes in turn. Not in HierBatching or MariusGNN, whose mega-batches
-        hold hundreds of partitions."""
+        hold hundreds of partitions; an option, off in the trainers by default (measured:
+        faster early, lower at the end)."""
         if self.balance is None or g.labels is None or local.numel() == 0:
             return None
         labels = g.labels[local].long()
