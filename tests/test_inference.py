@@ -71,6 +71,16 @@ def test_a_node_subset_and_the_work_dir(cora, tmp_path):
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]  # only its own scratch went
 
 
+def test_each_finished_layer_is_reported(cora):
+    """``on_layer`` (the trainers' progress bar over an exact evaluation) hears of every
+    layer once, in order, with the seconds the stats record for it."""
+    model = GNN("sage", in_dim=cora.feature_dim, hidden_dim=8, out_dim=cora.num_classes, num_layers=3)
+    heard, stats = [], InferenceStats()
+    infer_layerwise(model, cora, capacity=3, stats=stats, on_layer=lambda *a: heard.append(a))
+    assert [(layer, total) for layer, total, _ in heard] == [(1, 3), (2, 3), (3, 3)]
+    assert [s for _, _, s in heard] == stats.per_layer_seconds
+
+
 def test_spilled_accumulators_and_scratch_rows_are_checked(cora, tmp_path):
     model = GNN("sage", in_dim=cora.feature_dim, hidden_dim=8, out_dim=cora.num_classes, num_layers=2)
     stats = InferenceStats()

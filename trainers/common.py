@@ -17,6 +17,7 @@ previous checkpoint intact and ``latest`` pointing at a complete one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -27,7 +28,7 @@ import resource
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,19 @@ def progress(iterable: Iterable, *, desc: str, total: int | None = None) -> Iter
     from tqdm import tqdm
 
     return tqdm(iterable, desc=desc, total=total, leave=False, dynamic_ncols=True)
+
+
+@contextlib.contextmanager
+def layer_progress(desc: str, total: int) -> Iterator[Callable[[int, int, float], None] | None]:
+    """A tqdm bar over a layer-wise pass's layers on a terminal (each a pass over the store),
+    as the ``on_layer`` callback of `graphstore.inference.infer_layerwise`; None otherwise."""
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=desc, unit="layer", leave=False, dynamic_ncols=True) as bar:
+        yield lambda layer, layers, seconds: bar.update(1)
 
 
 def io_stats(stats: Sequence[Any]) -> dict[str, Any]:

@@ -559,8 +559,9 @@ def evaluate_exact(model, store, budget: int, args: NodeClassificationOptions,
     nodes = np.concatenate(list(ids.values()))
     stats = InferenceStats()
     transform = normalize_rows if args.normalize_features == "row" else None
-    logits = torch.from_numpy(infer_layerwise(model, store, buffer_bytes=budget, nodes=nodes, stats=stats,
-                                              input_transform=transform))
+    with common.layer_progress("evaluate (exact)", model.num_layers) as on_layer:
+        logits = torch.from_numpy(infer_layerwise(model, store, buffer_bytes=budget, nodes=nodes, stats=stats,
+                                                  input_transform=transform, on_layer=on_layer))
     out, start = {}, 0
     for split, members in ids.items():
         part = logits[start:start + members.size]

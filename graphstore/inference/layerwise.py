@@ -358,7 +358,8 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
                     seed: int = 0, stats: InferenceStats | None = None, prefetch: bool = True,
                     input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
                     input_rows: Callable[[int], np.ndarray] | None = None,
-                    output: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray | None:
+                    output: Callable[[int, np.ndarray], None] | None = None,
+                    on_layer: Callable[[int, int, float], None] | None = None) -> np.ndarray | None:
     """Every layer of ``model`` over the whole graph of ``store``, exactly (all neighbours,
     global in-degrees for GCN), out of core.
 
@@ -403,6 +404,9 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
         [P_k, out_dim], checksum-verified) in partition order, instead of returning the
         whole result: the output of a graph larger than memory streams to its destination
         (``graphstore aggregate`` writes it into the store). Not with ``nodes``.
+    on_layer : callable, optional
+        ``(layer, num_layers, seconds) -> None`` after each layer (1-based), for a
+        progress display: a layer is a pass over the whole store.
 
     Returns
     -------
@@ -448,6 +452,8 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
                 source.path.unlink()
             source = target
             stats.per_layer_seconds.append(time.perf_counter() - t0)
+            if on_layer is not None:
+                on_layer(l + 1, model.num_layers, stats.per_layer_seconds[-1])
         if output is not None:
             for k in range(p):
                 output(k, source.read(k))
