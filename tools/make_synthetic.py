@@ -112,7 +112,7 @@ from graphstore.layout.hashing import FeistelPermutation, mix64
 
 logger = logging.getLogger("make_synthetic")
 
-__all__ = ["SyntheticConfig", "SyntheticError", "generate", "main"]
+__all__ = ["KGConfig", "SyntheticConfig", "SyntheticError", "generate", "generate_kg", "main", "write_kg"]
 
 GENERATOR_VERSION = 1
 FEATURE_DECIMALS = 5
@@ -1183,6 +1183,228 @@ def _write_all(cfg: SyntheticConfig, model: _Model,
     }
 
 
+# ------------------------------------------------------------- knowledge graphs (kg)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KGConfig:
+    """A synthetic knowledge graph with hubs, in FB15k-237's proportions by default.
+
+    Entities have a type and, inside it, a cluster; relation ``r`` links heads of one
+    type to tails of another, mapping each head cluster to one tail cluster. A triple of
+    ``r`` draws its head ``∝ w`` among the head type, and its tail ``∝ w`` inside the
+    head cluster's image with probability ``cluster_fidelity``, else ``∝ w`` over the
+    whole tail type. ``w`` is a Zipf-Mandelbrot popularity (as `SyntheticConfig`'s
+    degrees) scaled so that the most popular entity's expected degree is ``max_degree``:
+    a few hub entities (FB15k-237's ``USA``, ``male``) sit in thousands of triples, most
+    in a few dozen. Relation frequencies are Zipf(``relation_exponent``).
+    """
+
+    num_entities: int = 15_000
+    """Entities N (FB15k-237: 14,541). Some may end up in no triple."""
+    num_relations: int = 200
+    """Relations R (FB15k-237: 237)."""
+    num_triples: int = 270_000
+    """Training triples (FB15k-237: 272,115), after removing duplicates and self loops."""
+    num_valid: int = 17_500
+    """Validation triples (held out; both entities and the relation occur in training)."""
+    num_test: int = 20_500
+    """Test triples (as valid)."""
+    num_types: int = 40
+    """Entity types; type sizes are Zipf(1), so a few types are large."""
+    clusters_per_type: int = 8
+    """Clusters inside each type (the learnable structure beyond types)."""
+    cluster_fidelity: float = 0.7
+    """Probability that a tail is drawn inside the head cluster's image."""
+    degree_exponent: float = 2.1
+    """gamma of the degree tail ``P(k) ~ k ** -gamma`` (popularity ``(r + x0) ** (-1 / (gamma - 1))``)."""
+    max_degree: int = 10_000
+    """Expected degree of the most popular entity before duplicate triples are merged
+    (the default gives a top degree of about 3,400 and mean 37; FB15k-237's is 7,600)."""
+    relation_exponent: float = 1.0
+    """Relation ``r`` (by rank) is used ``∝ (r + 1) ** -relation_exponent``."""
+    seed: int = 0
+    """Seed of every random choice."""
+
+
+def generate_kg(cfg: KGConfig) -> dict[str, np.ndarray]:
+    """The triples of a synthetic knowledge graph (`KGConfig`), in memory.
+
+    Returns
+    -------
+    dict
+        ``"train"``, ``"valid"``, ``"test"``: int64 [n, 3] ``(head, relation, tail)``
+        arrays, distinct triples, no self loops, no triple in two splits, every held-out
+        entity and relation present in ``"train"``; ``"entity_type"``, ``"entity_cluster"``:
+        int64 [N].
+
+    Raises
+    ------
+    SyntheticError
+        On impossible parameters.
+
+    Examples
+    --------
+    >>> kg = generate_kg(KGConfig(num_entities=500, num_relations=10, num_triples=4000, num_valid=100,
+    ...                           num_test=100, num_types=8, clusters_per_type=4, max_degree=400))
+    >>> kg["train"].shape, kg["valid"].shape, kg["test"].shape
+    ((4000, 3), (100, 3), (100, 3))
+    """
+    n, num_rel = int(cfg.num_entities), int(cfg.num_relations)
+    if n < 4 or num_rel < 1 or cfg.num_triples < 1 or cfg.num_valid < 0 or cfg.num_test < 0:
+        raise SyntheticError("need num_entities >= 4, num_relations >= 1, num_triples >= 1 and "
+                             "held-out counts >= 0")
+    if not 1 <= cfg.num_types * cfg.clusters_per_type <= n // 2:
+        raise SyntheticError(f"num_types * clusters_per_type must be in [1, N // 2] (got "
+                             f"{cfg.num_types} * {cfg.clusters_per_type})")
+    if not 0.0 <= cfg.cluster_fidelity <= 1.0 or not cfg.degree_exponent > 2.0:
+        raise SyntheticError("cluster_fidelity must be in [0, 1] and degree_exponent > 2")
+    total = cfg.num_triples + cfg.num_valid + cfg.num_test
+    if not 2 * total / n < cfg.max_degree:
+        raise SyntheticError(f"max_degree must exceed the mean degree {2 * total / n:.1f}")
+    rng = np.random.default_rng([int(cfg.seed), 0x6B67])  # "kg"
+
+    # Entities: popularity by rank, ids a random permutation of the ranks; types of Zipf(1)
+    # sizes (each with at least clusters_per_type members), clusters inside a type at random.
+    t, k = int(cfg.num_types), int(cfg.clusters_per_type)
+    sizes = 1.0 / np.arange(1, t + 1)
+    sizes = k + np.floor(sizes / sizes.sum() * (n - t * k)).astype(np.int64)
+    sizes[0] += n - sizes.sum()
+    entity_type = rng.permutation(np.repeat(np.arange(t), sizes))
+    entity_cluster = entity_type * k + rng.integers(0, k, n)
+    # a cluster may come out empty by chance: give each one a member of its type
+    for c in np.setdiff1d(np.arange(t * k), entity_cluster):
+        members = np.flatnonzero(entity_type == c // k)
+        entity_cluster[members[rng.integers(0, len(members))]] = c
+    a = 1.0 / (cfg.degree_exponent - 1.0)
+    ranks = np.arange(n, dtype=np.float64)
+
+    def top_share(x0: float) -> float:
+        w = (ranks + x0) ** -a
+        return 2 * total * w[0] / w.sum()
+
+    lo, hi = 0.0, float(n)  # top_share decreases in x0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if top_share(mid) > cfg.max_degree else (lo, mid)
+    popularity = np.empty(n)
+    popularity[rng.permutation(n)] = (ranks + hi) ** -a
+
+    # Entities laid out by (type, cluster) with cumulative popularity: a draw ∝ w inside a
+    # type or a cluster is a binary search inside its contiguous range.
+    order = np.lexsort((np.arange(n), entity_cluster))
+    cum = np.concatenate([[0.0], np.cumsum(popularity[order])])
+    cluster_start = np.searchsorted(entity_cluster[order], np.arange(t * k + 1))
+    type_start = cluster_start[::k]
+
+    def draw(start: np.ndarray, stop: np.ndarray) -> np.ndarray:
+        u = rng.random(len(start))
+        target = cum[start] + u * (cum[stop] - cum[start])
+        pos = np.clip(np.searchsorted(cum, target, side="right") - 1, start, stop - 1)
+        return order[pos]
+
+    # Relations: head type, tail type (∝ type popularity mass), a cluster map, a frequency.
+    type_mass = np.bincount(entity_type, weights=popularity, minlength=t)
+    head_type = rng.choice(t, size=num_rel, p=type_mass / type_mass.sum())
+    tail_type = rng.choice(t, size=num_rel, p=type_mass / type_mass.sum())
+    cluster_map = rng.integers(0, k, (num_rel, k))  # head cluster index -> tail cluster index
+    rel_p = (np.arange(num_rel) + 1.0) ** -cfg.relation_exponent
+    rel_p = rel_p[rng.permutation(num_rel)]
+
+    chosen = np.zeros((0, 3), dtype=np.int64)
+    seen = np.zeros(0, dtype=np.int64)
+    for _ in range(20):  # draw until enough distinct triples (duplicates pile up on hubs)
+        m = int((total - len(chosen)) * 1.3) + 1000
+        rel = rng.choice(num_rel, size=m, p=rel_p / rel_p.sum())
+        ht = head_type[rel]
+        head = draw(type_start[ht], type_start[ht + 1])
+        tt = tail_type[rel]
+        tail_cluster = tt * k + cluster_map[rel, entity_cluster[head] % k]
+        local = rng.random(m) < cfg.cluster_fidelity
+        start = np.where(local, cluster_start[tail_cluster], type_start[tt])
+        stop = np.where(local, cluster_start[tail_cluster + 1], type_start[tt + 1])
+        tail = draw(start, stop)
+        batch = np.stack([head, rel, tail], axis=1)[head != tail]
+        key = (batch[:, 0] * num_rel + batch[:, 1]) * n + batch[:, 2]
+        _, first = np.unique(key, return_index=True)
+        first = np.sort(first)
+        batch, key = batch[first], key[first]
+        fresh = ~np.isin(key, seen)
+        chosen = np.concatenate([chosen, batch[fresh]])[:total]
+        seen = np.concatenate([seen, key[fresh]])
+        if len(chosen) >= total:
+            break
+    else:
+        raise SyntheticError(f"could not draw {total} distinct triples; lower num_triples or raise "
+                             "num_entities")
+
+    # Held-out triples only where their entities and relation stay in training.
+    chosen = chosen[rng.permutation(len(chosen))]
+    held = cfg.num_valid + cfg.num_test
+    train_mask = np.ones(len(chosen), dtype=bool)
+    ent_count = np.bincount(chosen[:, [0, 2]].ravel(), minlength=n)
+    rel_count = np.bincount(chosen[:, 1], minlength=num_rel)
+    picked: list[int] = []
+    for i in range(len(chosen)):
+        if len(picked) == held:
+            break
+        h, r, o = chosen[i]
+        if ent_count[h] > 1 and ent_count[o] > 1 and rel_count[r] > 1:
+            ent_count[h] -= 1
+            ent_count[o] -= 1
+            rel_count[r] -= 1
+            picked.append(i)
+    if len(picked) < held:
+        raise SyntheticError(f"only {len(picked)} triples can be held out (asked {held})")
+    train_mask[picked] = False
+    picked_arr = np.asarray(picked, dtype=np.int64)
+    return {
+        "train": chosen[train_mask],
+        "valid": chosen[picked_arr[: cfg.num_valid]],
+        "test": chosen[picked_arr[cfg.num_valid:]],
+        "entity_type": entity_type,
+        "entity_cluster": entity_cluster,
+    }
+
+
+def write_kg(out: Path, cfg: KGConfig, *, overwrite: bool = False) -> dict:
+    """Write `generate_kg`'s triples as graphstore's ``kg`` source: ``OUT/train.txt``,
+    ``valid.txt``, ``test.txt`` of ``head<TAB>relation<TAB>tail`` (names ``e<id>``,
+    ``r<id>``), and ``OUT/synthetic.json`` (the parameters and counts). Returns the summary.
+    ``graphstore convert OUT store.gs --format kg`` reads it."""
+    t0 = time.perf_counter()
+    kg = generate_kg(cfg)
+    out = Path(out)
+    tmp = _prepare_output(out, overwrite)
+    try:
+        for name in ("train", "valid", "test"):
+            triples = kg[name]
+            lines = [f"e{h}\tr{r}\te{o}\n" for h, r, o in triples.tolist()]
+            (tmp / f"{name}.txt").write_text("".join(lines))
+        train = kg["train"]
+        degree = np.bincount(train[:, [0, 2]].ravel(), minlength=cfg.num_entities)
+        summary = {
+            "generator": "make_synthetic.write_kg", "version": GENERATOR_VERSION,
+            "params": {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)},
+            "splits": {name: int(len(kg[name])) for name in ("train", "valid", "test")},
+            "entities_in_train": int((degree > 0).sum()),
+            "relations_in_train": int(len(np.unique(train[:, 1]))),
+            "degree": {"mean": round(float(degree[degree > 0].mean()), 2), "max": int(degree.max()),
+                       "top10": np.sort(degree)[::-1][:10].tolist()},
+            "timing": {"total_s": round(time.perf_counter() - t0, 3)},
+        }
+        with open(tmp / "synthetic.json", "w") as fh:
+            json.dump(summary, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return summary
+
+
 # ---------------------------------------------------------------------- command line
 
 
@@ -1205,7 +1427,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "streaming (memory bounded by --chunk-nodes, not by the dataset).",
     )
     p.add_argument("--out", required=True, type=Path, help="output directory")
-    p.add_argument("--kind", choices=("node", "link"), default="node")
+    p.add_argument("--kind", choices=("node", "link", "kg"), default="node",
+                   help="kg: a knowledge graph with hubs (train/valid/test.txt triples, KGConfig; "
+                        "uses --num-nodes (default 15000 for kg), --num-relations, --num-triples, "
+                        "--max-degree (default 10000 for kg), --degree-exponent (default 2.1 for kg), "
+                        "--seed)")
+    p.add_argument("--num-relations", type=int, default=200, help="kg only")
+    p.add_argument("--num-triples", type=int, default=270_000,
+                   help="kg only: training triples (valid and test in FB15k-237's proportion)")
     p.add_argument("--num-nodes", type=int, default=10_000)
     p.add_argument("--avg-degree", type=float, default=10.0,
                    help="mean degree 2E/N (each undirected edge written once)")
@@ -1247,6 +1476,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 ok, 1 error, 2 bad usage)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.kind == "kg":
+        explicit = set(argv if argv is not None else sys.argv[1:])
+        kg_cfg = KGConfig(
+            num_entities=args.num_nodes if "--num-nodes" in explicit else KGConfig.num_entities,
+            num_relations=args.num_relations, num_triples=args.num_triples, seed=args.seed,
+            # held-out triples in FB15k-237's proportion to the training ones
+            num_valid=round(args.num_triples * KGConfig.num_valid / KGConfig.num_triples),
+            num_test=round(args.num_triples * KGConfig.num_test / KGConfig.num_triples),
+            **({"max_degree": args.max_degree} if args.max_degree is not None else {}),
+            **({"degree_exponent": args.degree_exponent} if "--degree-exponent" in explicit else {}))
+        try:
+            s = write_kg(args.out, kg_cfg, overwrite=args.overwrite)
+        except SyntheticError as exc:
+            print(f"make_synthetic: error: {exc}", file=sys.stderr)
+            return 1
+        print(f"wrote kg dataset to {args.out}: splits {s['splits']}, {s['entities_in_train']} entities, "
+              f"{s['relations_in_train']} relations, degree mean {s['degree']['mean']} "
+              f"max {s['degree']['max']}")
+        return 0
     cfg = SyntheticConfig(
         out=args.out, kind=args.kind, num_nodes=args.num_nodes, avg_degree=args.avg_degree,
         feature_dim=args.feature_dim, num_classes=args.num_classes, layout=args.layout,

@@ -69,24 +69,40 @@ def _share_of_position(t: np.ndarray, n: np.ndarray, m: np.ndarray) -> np.ndarra
     return np.where(t < boundary, t // (base + 1), extra + (t - boundary) // np.maximum(base, 1))
 
 
-def _state_shares(hold: np.ndarray, s: int, parts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For the buckets among ``parts`` (state ``s``'s partitions, ascending): how many states
-    hold both ends (``[c, c]``) and how many of them come before ``s``."""
-    h = hold[:, parts].astype(np.int64)
-    return h.T @ h, h[:s].T @ h[:s]
+class _PairCounts:
+    """A plan's states walked in order: for state ``s`` and its partitions, how many states
+    hold both ends of each bucket among them, in all and before ``s`` (running counts, so
+    a walk costs ``O(S c^2 + S p^2)``, not a pass over the states per state)."""
+
+    def __init__(self, plan: EpochPlan) -> None:
+        self.hold = _holds(plan)
+        h = self.hold.astype(np.float32)  # BLAS; counts stay far below 2**24
+        self.total = np.rint(h.T @ h).astype(np.int64)
+        self.before = np.zeros_like(self.total)
+        self.next = 0
+
+    def at(self, s: int, parts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if s < self.next:
+            self.before[:] = 0
+            self.next = 0
+        while self.next < s:
+            held = np.flatnonzero(self.hold[self.next])
+            self.before[np.ix_(held, held)] += 1
+            self.next += 1
+        return self.total[np.ix_(parts, parts)], self.before[np.ix_(parts, parts)]
 
 
 def spread_edge_counts(plan: EpochPlan, bucket_sizes: np.ndarray, *, seed: int) -> list[int]:
     """Training edges of each state of ``plan`` under `SpreadEdgeTargets` (``bucket_sizes[i,
     j]``: edges of bucket (i, j)): each bucket's edges cut into near-equal shares, one per
     state holding both its partitions."""
-    hold = _holds(plan)
+    pairs = _PairCounts(plan)
     p = plan.num_partitions
     base = epoch_seed(seed, plan.epoch, SALT_BUCKET_SPREAD)
     counts = []
     for s, state in enumerate(plan.states):
         parts = np.asarray(sorted(state), dtype=np.int64)
-        m, before = _state_shares(hold, s, parts)
+        m, before = pairs.at(s, parts)
         bucket = parts[:, None] * p + parts[None, :]
         share = (before + _rotation(base, bucket, m)) % m
         counts.append(int(_share_sizes(bucket_sizes[np.ix_(parts, parts)], m, share).sum()))
@@ -104,11 +120,15 @@ class SpreadEdgeTargets:
     so every edge trains exactly once an epoch, in a state where both its ends are resident.
 
     Why (a departure from MariusGNN, which trains a bucket whole in one random co-resident
-    state): with METIS partitions a bucket's edges are one community's (a diagonal bucket
-    holds ~30-85 % of the edges of a knowledge graph), and training it in one state makes
-    that state's examples correlated (its relation mix far from the graph's); spread over
-    the states that could train it, each state's mix is the expected one of COMET's random
-    assignment. The IO is the plan's: the states are the same."""
+    state): MariusGNN's partitions are random, ours are METIS communities by default, so a
+    bucket holds one community's edges (the diagonal buckets hold 31 % of a synthetic
+    FB15k-237-like graph's edges at 16 partitions, 85 % of WN18RR's), and training it whole
+    in one state makes that state's examples correlated: its relation mix is far from the
+    graph's, and consecutive steps pull the model towards each state's communities in turn
+    (1.9 points of MRR below in-memory training there; docs/benchmarks.md). Spread over
+    the states that could train it, each state gets the expected mix of COMET's random
+    assignment, which recovers about a quarter of that. The IO is the plan's: the states
+    and their partitions are the same."""
 
     def __init__(self, batch_size: int, *, seed: int) -> None:
         self.batch_size, self.seed = batch_size, seed
@@ -116,12 +136,12 @@ class SpreadEdgeTargets:
     def __call__(self, states: Iterator[LoadedState], ctx: EpochContext) -> Iterator[PositiveEdges]:
         order_gen = ctx.generator(SALT_EDGE_ORDER)
         plan = ctx.plan
-        hold = _holds(plan)
+        pairs = _PairCounts(plan)
         p = plan.num_partitions
         base = epoch_seed(self.seed, plan.epoch, SALT_BUCKET_SPREAD)
         for loaded in states:
             g = loaded.graph
-            src, dst, edges = self._edges_here(g, loaded.index, hold, p, base)
+            src, dst, edges = self._edges_here(g, loaded.index, pairs, p, base)
             order = torch.randperm(edges.numel(), generator=order_gen)
             src, dst, edges = src[order], dst[order], edges[order]
             for start in range(0, edges.numel(), self.batch_size):
@@ -130,7 +150,7 @@ class SpreadEdgeTargets:
                 yield PositiveEdges(g, src[start:start + self.batch_size], dst[start:start + self.batch_size], rel)
 
     @staticmethod
-    def _edges_here(g, s: int, hold: np.ndarray, p: int, base: int):
+    def _edges_here(g, s: int, pairs: _PairCounts, p: int, base: int):
         """State ``s``'s share of every bucket among its resident partitions."""
         src, dst, edges = g.training_edges(None, s)
         if edges.numel() == 0:
@@ -140,7 +160,7 @@ class SpreadEdgeTargets:
         si, di = ids[src].numpy().astype(np.int64), ids[dst].numpy().astype(np.int64)
         rel = g.rel[edges].numpy().astype(np.int64) if g.rel is not None else np.zeros(len(si), np.int64)
         parts = np.unique(np.concatenate([si // P, di // P]))
-        m_all, before_all = _state_shares(hold, s, parts)
+        m_all, before_all = pairs.at(s, parts)
         a, b = np.searchsorted(parts, si // P), np.searchsorted(parts, di // P)
         m, before = m_all[a, b], before_all[a, b]
         bucket = (si // P) * p + di // P
@@ -169,7 +189,15 @@ class EdgeLoader(BufferedLoader):
     assigns to it (COMET/BETA: every bucket exactly once an epoch), shuffled, in batches of
     ``batch_size`` positives with ``negatives`` shared per chunk (MariusGNN's
     ``num_chunks``, ``degree_fraction``), drawn from the state's resident nodes. An epoch
-    is the stages ``BufferWalk -> EdgeTargets -> Negatives [-> EdgeNeighbourSampling]``.
+    is the stages ``BufferWalk -> EdgeTargets (or SpreadEdgeTargets) -> Negatives
+    [-> EdgeNeighbourSampling]``.
+
+    With a plan of several states with edge buckets (the disk scheme) in one process, each
+    bucket's edges are by default spread over every state that holds both its partitions
+    (`SpreadEdgeTargets`): still every edge once an epoch, with each state's examples less
+    correlated when the partitions are METIS communities (docs/benchmarks.md, "Link
+    prediction out of core on METIS partitions"). ``spread_buckets=False`` trains each
+    bucket whole in the one state the plan assigns it, as MariusGNN does.
 
     With ``embeddings`` (an `EmbeddingTable`), the resident rows are
     ``batch.graph.embeddings`` and every update to them is written back to the store.
@@ -239,12 +267,14 @@ class EdgeLoader(BufferedLoader):
             embedding_placement=self.embedding_placement)
 
     def _resolve_spread(self, spread_buckets: bool | None) -> bool:
-        """Whether `SpreadEdgeTargets` picks each state's edges: a plan with buckets walked by
-        one process (a ``disjoint`` plan's rounds and data-parallel shards keep `EdgeTargets`)."""
+        """Whether `SpreadEdgeTargets` picks each state's edges: by default wherever it can, a
+        plan of several states with buckets walked by one process (the in-memory plan's one
+        state, a ``disjoint`` plan's rounds and data-parallel shards keep `EdgeTargets`)."""
         plan = self.plan(0)
-        possible = plan.bucket_states is not None and plan.state_rounds is None and self.shard is None
+        possible = (plan.bucket_states is not None and len(plan.states) > 1 and plan.state_rounds is None
+                    and self.shard is None)
         if spread_buckets is None:
-            return False
+            return possible
         if spread_buckets and not possible:
             raise ConfigError("spread_buckets needs a plan with edge buckets walked by one process "
                               f"(policy {self.policy!r}, world_size {1 if self.shard is None else self.shard.world_size})")
