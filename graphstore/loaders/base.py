@@ -91,7 +91,7 @@ class BufferedLoader:
             c = self.scheme_spec.capacity(p)
         self.capacity = min(c, p)
         self._capacity_resolved()
-        if not self.scheme_spec.whole_graph:
+        if not self.scheme_spec.whole_graph and self._samples_neighbours():
             _warn_if_partitions_scatter(store, self.capacity)
         self.buffer_bytes = buffer_bytes
         self.embedding_dim = embedding_dim
@@ -110,6 +110,12 @@ class BufferedLoader:
 
     def _plan_options(self) -> dict[str, Any]:
         return dict(self.options)
+
+    def _samples_neighbours(self) -> bool:
+        """Whether batches sample neighbourhoods among the resident partitions (a cut edge
+        is then a lost neighbour): node classification always; link prediction with an
+        encoder."""
+        return True
 
     def _capacity_resolved(self) -> None:
         """Called once ``self.capacity`` is known, before the plan is made (a subclass's

@@ -266,6 +266,11 @@ class EdgeLoader(BufferedLoader):
             world_size=None if self.shard is None else self.shard.world_size,
             embedding_placement=self.embedding_placement)
 
+    def _samples_neighbours(self) -> bool:
+        # Without an encoder a batch reads its endpoints' and negatives' rows only: cut edges
+        # lose nothing, and random partitions are the better choice (MariusGNN's).
+        return self.fanouts is not None
+
     def _resolve_spread(self, spread_buckets: bool | None) -> bool:
         """Whether `SpreadEdgeTargets` picks each state's edges: by default wherever it can, a
         plan of several states with buckets walked by one process (the in-memory plan's one
