@@ -538,15 +538,19 @@ def evaluate(model, loader: NodeLoader, epoch: int, device,
 @torch.no_grad()
 def exact_eval_budget(model, store, capacity: int, args: NodeClassificationOptions) -> tuple[int, str]:
     """The byte budget of exact evaluation and its rule: what the training buffer's
-    ``capacity`` partitions of features take, at most the buffer's budget (``--buffer-bytes``
-    or the memory default; for a scheme holding the whole graph, the memory default), and at
-    least the least the walk needs (`min_buffer_bytes`, which no longer grows with the
+    ``capacity`` partitions of features take (macrobatch, which holds none: a quarter of
+    the partitions), at most the buffer's budget (``--buffer-bytes`` or the memory default),
+    and at least what the walk needs (`min_buffer_bytes`, which no longer grows with the
     largest edge bucket)."""
+    if not SCHEME_REGISTRY.get(args.scheme).resident_features:
+        # macrobatch holds no feature rows (they stay in the store): a quarter of them, as
+        # infer_layerwise's own default, not the whole graph its structure covers.
+        capacity = max(2, math.ceil(store.num_partitions / 4))
     rows = capacity * store.partition_size * store.feature_dim * np.dtype(store.manifest.feature_dtype).itemsize
     cap = args.buffer_bytes if args.buffer_bytes is not None else memory_budget().bytes
     least = min_buffer_bytes(model, store)
     budget = max(min(rows, cap), least)
-    return budget, (f"{budget} bytes: the training buffer's {capacity} partitions of features ({rows}), at most "
+    return budget, (f"{budget} bytes: {capacity} partitions of features ({rows}), at most "
                     f"{cap}, at least the walk's floor ({least})")
 
 

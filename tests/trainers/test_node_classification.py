@@ -328,6 +328,9 @@ def test_the_macrobatch_scheme_trains_as_minibatch(cora_store, tmp_path):
     assert losses["macro"] == losses["minibatch"]
     fetched = m["epochs"][0]["macro_batching"]
     assert fetched["macro_batches"] == 1 and 0 < fetched["rows_fetched"] < fetched["rows_requested"]
+    # Its exact evaluation holds a quarter of the features (2 of 8 partitions), not the
+    # whole graph its structure covers: the rows stay in the store.
+    assert m["config"]["derived"]["eval_buffer_bytes"].split(": ")[1].startswith("2 partitions")
     assert run(["--store", cora_store, "--epochs", 1, "--macro-batches", "4"]) != 0  # not for minibatch
 
 
