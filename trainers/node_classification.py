@@ -39,7 +39,7 @@ converges like in memory").
 
 Selection: up to ``--epochs`` (200), stopping once neither validation accuracy nor loss has
 improved for ``--patience`` (20) epochs; validation only during training (after an epoch
-whenever evaluation so far has taken no longer than training, or every ``--eval-every N``);
+when evaluation so far plus one more fits within the training time so far, or every ``--eval-every N``);
 the best-validation-accuracy model is restored and scored once on valid and test (``final``
 and ``best`` in the metrics JSON, with ``selection``).
 
@@ -223,8 +223,8 @@ class NodeClassificationOptions(CommonOptions):
              "0: run every epoch); the best-validation-accuracy model is restored and tested once at the end")
     eval_every: int | None = option(
         None, type=positive_int, run_only=True, metavar="N",
-        help="evaluate on validation every N epochs and after the last (default: after an epoch whenever "
-             "evaluation so far took no longer than training, so it stays within half of the run)")
+        help="evaluate on validation every N epochs and after the last (default: after an epoch when evaluation "
+             "so far plus one more fits within the training time so far, so it stays within half of the run)")
     balance_labels: str = option(
         "off", choices=("auto", "on", "off"),
         help="weigh each buffer state's loss by class so its targets have the training split's label mix (a few "
@@ -609,16 +609,18 @@ def resolve_defaults(args: NodeClassificationOptions, store,
     return dataclasses.replace(args, **changes), derived
 
 
-def should_evaluate(args: NodeClassificationOptions, epoch: int, train_s: float, eval_s: float) -> bool:
+def should_evaluate(args: NodeClassificationOptions, epoch: int, train_s: float, eval_s: float,
+                    last_eval_s: float = 0.0) -> bool:
     """Whether ``epoch`` (0-based) ends with a validation pass: every ``--eval-every`` epochs,
-    or by default whenever evaluation so far has taken no longer than training (so it is at
-    most about half of the run: a slow exact evaluation runs every few epochs, a cheap one
-    every epoch); the last epoch always."""
+    or by default when evaluation so far plus one more (as long as the last one took) stays
+    within the training time so far (so it is at most half of the run: a slow exact
+    evaluation runs every few epochs, a cheap one every epoch); the first and the last
+    epoch always."""
     if epoch == args.epochs - 1:
         return True
     if args.eval_every is not None:
         return (epoch + 1) % args.eval_every == 0
-    return eval_s <= train_s
+    return eval_s + last_eval_s <= train_s
 
 
 def improves(valid: Mapping[str, float], best: Mapping[str, Any] | None) -> bool:
@@ -713,6 +715,7 @@ def _train(args: NodeClassificationOptions) -> int:
                     lowest = record
         train_s = sum(h["time_s"] for h in history)
         eval_s = sum(h["eval_time_s"] for h in history)
+        last_eval_s = next((h["eval_time_s"] for h in reversed(history) if h.get("valid") is not None), 0.0)
         stopped = None
         # After resuming: DDP broadcasts rank 0's parameters, which every rank loaded anyway.
         trained = wrap_model(model, device) if world > 1 else model
@@ -727,11 +730,13 @@ def _train(args: NodeClassificationOptions) -> int:
             train_s += t1 - t0
             valid, eval_io = None, None
             # Validation only: the test split is scored once, at the end, on the selected model.
-            if should_evaluate(args, epoch, train_s, eval_s):
+            if should_evaluate(args, epoch, train_s, eval_s, last_eval_s):
                 scores, eval_io = evaluate_splits(model, store, loaders, config, args, epoch, device, ("valid",))
                 valid = scores["valid"]
             t2 = time.perf_counter()
             eval_s += t2 - t1
+            if valid is not None:
+                last_eval_s = t2 - t1
             io = common.io_stats([loaders["train"].last_stats])
             record = {"epoch": epoch, "lr": lr, "train_loss": loss, "train_targets": n, "valid": valid,
                       "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io,
