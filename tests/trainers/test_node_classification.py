@@ -412,8 +412,8 @@ def test_the_default_evaluation_rhythm_keeps_evaluation_within_training():
     time so far; the first and the last epoch always; --eval-every overrides."""
     args = nc.NodeClassificationOptions.parse(["--store", "s.gs", "--epochs", "10"])
     assert nc.should_evaluate(args, 0, train_s=0.1, eval_s=0.0, last_eval_s=0.0)
-    assert not nc.should_evaluate(args, 1, train_s=2.0, eval_s=1.5, last_eval_s=1.5)   # 3.0 > 2.0
-    assert nc.should_evaluate(args, 2, train_s=3.0, eval_s=1.5, last_eval_s=1.5)       # 3.0 <= 3.0
+    assert not nc.should_evaluate(args, 1, train_s=3.0, eval_s=1.5, last_eval_s=1.5)   # 1.5 + 1.5 * 1.5 > 3.0
+    assert nc.should_evaluate(args, 2, train_s=3.0, eval_s=1.5, last_eval_s=1.0)       # 1.5 + 1.5 * 1.0 <= 3.0
     assert nc.should_evaluate(args, 9, train_s=0.0, eval_s=9.0, last_eval_s=9.0)       # the last epoch
     every = nc.NodeClassificationOptions.parse(["--store", "s.gs", "--epochs", "10", "--eval-every", "4"])
     assert [e for e in range(10) if nc.should_evaluate(every, e, 0.0, 99.0, 99.0)] == [3, 7, 9]
