@@ -255,13 +255,6 @@ def default_buffer(args: Any, *, whole_graph: bool, saved: dict[str, Any] | None
     return {"buffer_bytes": budget.bytes}, budget.rule
 
 
-def saved_config(args: Any) -> dict[str, Any] | None:
-    """The configuration recorded in ``--checkpoint-dir``'s latest checkpoint when resuming."""
-    if not args.resume:
-        return None
-    return Checkpointer.load(Checkpointer(args.checkpoint_dir).latest())["config"]
-
-
 def check_resume_config(saved: dict[str, Any], current: dict[str, Any], where: Path,
                         run_only: frozenset[str] = RUN_ONLY) -> None:
     """A resumed run must train the same thing: every option but the run-only ones (the

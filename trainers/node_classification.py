@@ -662,7 +662,11 @@ def _train(args: NodeClassificationOptions) -> int:
         if not store.manifest.has_features or not store.manifest.has_labels:
             raise ConfigError(f"{args.store}: node classification needs features and labels "
                               f"(features: {store.manifest.has_features}, labels: {store.manifest.has_labels})")
-        args, derived = resolve_defaults(args, store, common.saved_config(args))
+        ckpt = common.Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None
+        # Read once: its configuration decides the defaults a resumed run replays.
+        path = ckpt.latest() if args.resume else None
+        state = ckpt.load(path) if args.resume else None
+        args, derived = resolve_defaults(args, store, None if state is None else state["config"])
         config = dataclasses.replace(resolve_config(args, store), world_size=world, derived=derived)
         common.seed_everything(args.seed)  # model initialisation (the same on every rank)
         model = GNN(args.model, in_dim=store.feature_dim, hidden_dim=args.hidden, out_dim=store.num_classes,
@@ -691,12 +695,9 @@ def _train(args: NodeClassificationOptions) -> int:
         # Rank 0 alone writes the metrics and the checkpoints; every rank reads one to resume.
         metrics = common.MetricsWriter(args.metrics_out if rank == 0 else None, task="node_classification",
                                        config=config.to_dict())
-        ckpt = common.Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None
 
         start_epoch, history, resumed_from, best_state = 0, [], None, None
-        if args.resume:
-            path = ckpt.latest()
-            state = ckpt.load(path)
+        if state is not None:
             common.check_resume_config(state["config"], config.to_dict(), path,
                                        run_only=common.RUN_ONLY | NodeClassificationOptions.run_only_names())
             if args.lr_schedule != "none" and state["config"].get("epochs") != args.epochs:

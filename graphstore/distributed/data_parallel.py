@@ -168,9 +168,6 @@ def all_reduce_values(values: Sequence[float], device: torch.device | str = "cpu
 
 def node_classification_backward(model: torch.nn.Module, batch: Any, *, weight: float, device: torch.device,
                                  degrees: torch.Tensor | None = None) -> tuple[float, int]:
-    # The batch's class weights (a loader's balance_labels) weigh each target's loss; the
-    # mean stays over the step's count of labelled targets.
-    class_weights = getattr(batch, "class_weights", None)
     """Forward and backward of this rank's share of one step; returns this rank's summed
     cross-entropy over its labelled targets and their count (0 and 0 for a padding step).
 
@@ -179,6 +176,9 @@ def node_classification_backward(model: torch.nn.Module, batch: Any, *, weight: 
     a batch, 0 for padding (`equal_steps`). The gradient left in ``model`` after DDP's
     average is that of the mean loss over the step's labelled targets on every rank."""
     world = rank_and_world()[1]
+    # The batch's class weights (a loader's balance_labels) weigh each target's loss; the
+    # mean stays over the step's count of labelled targets.
+    class_weights = getattr(batch, "class_weights", None)
     labels = batch.labels.to(device)
     labelled = labels >= 0
     n = int(labelled.sum()) if weight else 0
