@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import graphstore
+from graphstore.errors import ConfigError
 from graphstore.layout._convert import ConvertOptions, convert
 from graphstore.loaders.defaults import (
     MEMORY_SHARE,
@@ -49,6 +50,11 @@ def test_memory_budget_is_a_share_of_what_the_kernel_reports(monkeypatch):
     assert budget.bytes == int(budget.available * MEMORY_SHARE)
     monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", str(3 << 30))
     assert memory_budget().bytes == int((3 << 30) * MEMORY_SHARE)
+    monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", "3GiB")
+    assert memory_budget().bytes == int((3 << 30) * MEMORY_SHARE)
+    monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", "lots")
+    with pytest.raises(ConfigError, match="GRAPHSTORE_MEMORY_BYTES: expected a size"):
+        memory_budget()
     assert mem_available() is not None
 
 

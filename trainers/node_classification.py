@@ -674,7 +674,14 @@ def _train(args: NodeClassificationOptions) -> int:
         # After the model: a micro-batch budget is checked against its step-memory estimate.
         # (Building the loaders draws nothing from torch's global generator, and every epoch
         # reseeds it, so the order changes no result.)
-        loaders = make_loaders(store, args, config, model, rank=rank)
+        try:
+            loaders = make_loaders(store, args, config, model, rank=rank)
+        except ConfigError as e:
+            if "buffer_bytes" not in derived:
+                raise
+            # The budget was not the user's: say where it came from and what overrides it.
+            raise ConfigError(f"the default buffer ({derived['buffer_bytes']}) does not fit: {e}; give "
+                              f"--buffer-partitions or --buffer-bytes") from None
         config = dataclasses.replace(config, loaders={name: loader.settings for name, loader in loaders.items()})
         if config.eval_scheme == "exact":
             budget, rule = exact_eval_budget(model, store, loaders["train"].capacity, args)

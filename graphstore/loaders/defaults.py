@@ -32,7 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
+from graphstore.units import parse_byte_size
 
 __all__ = [
     "BATCH_STEPS",
@@ -179,11 +181,15 @@ def mem_available() -> int | None:
 def memory_budget() -> MemoryBudget:
     """The default buffer budget (`MEMORY_SHARE` of what the process may still use).
 
-    ``GRAPHSTORE_MEMORY_BYTES`` (bytes) overrides what is read, for a machine whose limit
-    the process cannot see."""
+    ``GRAPHSTORE_MEMORY_BYTES`` (``4294967296``, ``4GiB``) overrides what is read, for a
+    machine whose limit the process cannot see; a value that is not a size is a one-line
+    `ConfigError`."""
     override = os.environ.get("GRAPHSTORE_MEMORY_BYTES")
     if override:
-        available, source = int(override), "GRAPHSTORE_MEMORY_BYTES"
+        try:
+            available, source = parse_byte_size(override), "GRAPHSTORE_MEMORY_BYTES"
+        except ValueError as e:
+            raise ConfigError(f"environment variable GRAPHSTORE_MEMORY_BYTES: {e}") from None
     else:
         free, cgroup = mem_available(), cgroup_headroom()
         if cgroup is not None and (free is None or cgroup <= free):

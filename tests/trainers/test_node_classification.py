@@ -417,3 +417,11 @@ def test_the_default_evaluation_rhythm_keeps_evaluation_within_training():
     assert nc.should_evaluate(args, 9, train_s=0.0, eval_s=9.0, last_eval_s=9.0)       # the last epoch
     every = nc.NodeClassificationOptions.parse(["--store", "s.gs", "--epochs", "10", "--eval-every", "4"])
     assert [e for e in range(10) if nc.should_evaluate(every, e, 0.0, 99.0, 99.0)] == [3, 7, 9]
+
+
+def test_a_default_buffer_too_small_says_where_it_came_from(cora_store, monkeypatch, capsys):
+    monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", "8MiB")
+    assert run(["--store", cora_store, "--scheme", "megabatch", "--epochs", 1]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "the default buffer" in err and "GRAPHSTORE_MEMORY_BYTES" in err and "--buffer-bytes" in err
