@@ -9,10 +9,10 @@ Reads the metrics files the trainer scripts write (``--metrics-out``,
   prediction; epochs without evaluation are left out, the evaluated ones joined);
 - training time split into compute (solid) and stall (dashed): ``time_s`` is the wall time
   of the epoch's training pass (evaluation excluded), ``io.stall_s`` the part of it spent
-  waiting for the partition buffer's reads, and compute the rest (sampling, gathering,
-  forward, backward, the step, assembling resident graphs);
-- bytes the training pass read from the store (``io.bytes_read``, MiB; evaluation's reads
-  are not counted).
+  waiting for the partition buffer's reads (or macro-batching's rows), and compute the rest
+  (sampling, gathering, forward, backward, the step, assembling resident graphs);
+- bytes the training pass read from the store (``io.bytes_read``, MiB: the buffer's, or
+  macro-batching's rows and structure; evaluation's reads are not counted).
 
 The legend names each run by its scheme (and its file, when two runs share a scheme).
 matplotlib is an optional dependency (``pip install graphstore[plot]``), imported only when

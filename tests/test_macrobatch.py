@@ -197,3 +197,20 @@ def test_belady_beats_lru_on_cora_with_the_same_samples(cora):
     assert stats["belady"].rows_union == stats["lru"].rows_union  # the same mini-batches
     assert stats["belady"].cache_hits > stats["lru"].cache_hits > 0
     assert stats["belady"].bytes_read < stats["lru"].bytes_read
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_the_loaders_epoch_stats_count_the_rows_macro_batching_reads(cora, prefetch):
+    """What the trainer's console, ``io.bytes_read`` and `graphstore plot` show comes from
+    the loader's epoch stats: macro-batching's reads are the epoch's reads (issue 31, 4)."""
+    data = loader(cora, scheme="macrobatch", macro_batches=2, prefetch=prefetch)
+    for epoch in range(2):
+        for _ in data.epoch(epoch):
+            pass
+        fetched, io = data.fetch_stats, data.last_stats
+        assert fetched.bytes_read > 0
+        # Epoch 0 also read the structure (once a run); epoch 1 read feature rows only.
+        structure = data.epoch_stats[0].planned_bytes if epoch == 0 else 0
+        assert io.bytes_read == structure + fetched.bytes_read
+        assert io.read_seconds >= fetched.read_seconds > 0
+    assert [s.bytes_read > 0 for s in data.epoch_stats] == [True, True]

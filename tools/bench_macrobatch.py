@@ -109,12 +109,12 @@ def child_graphstore(spec: dict) -> dict:
         return int(batch.labels.numel()), int(batch.features.shape[0])
 
     def stats() -> dict:
-        s = loader.epoch_stats[-1]
-        out = {"structure_bytes_read": s.bytes_read if spec["scheme"] == "macrobatch" else None,
+        s, fetched = loader.epoch_stats[-1], loader.fetch_stats
+        # The loader's epoch stats count macro-batching's rows with the structure.
+        out = {"structure_bytes_read": s.bytes_read - fetched.bytes_read if fetched is not None else None,
                "loader_bytes_read": s.bytes_read}
-        if loader.fetch_stats is not None:
-            out["fetch"] = loader.fetch_stats.to_dict()
-            out["loader_bytes_read"] = s.bytes_read + loader.fetch_stats.bytes_read
+        if fetched is not None:
+            out["fetch"] = fetched.to_dict()
         return out
 
     model.train()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -72,6 +73,9 @@ class FetchStats:
     requests: int = 0
     bytes_read: int = 0
     read_seconds: float = 0.0
+    stall_seconds: float = 0.0
+    """Wall time the consumer waited for a round's rows (with ``prefetch=False``: all of
+    the sampling and reading)."""
     rows_local: int = 0
     """Distributed fetch (`graphstore.distributed.feature_fetch`): rows of the unions this
     rank owns, served from its own memory."""
@@ -145,6 +149,15 @@ class _Round:
 
 
 _END = object()
+
+
+def _timed(wait, stats: FetchStats):
+    """``wait()``, its wall time counted as the consumer's stall."""
+    t0 = time.perf_counter()
+    try:
+        return wait()
+    finally:
+        stats.stall_seconds += time.perf_counter() - t0
 
 
 def _sample_bytes(dense) -> int:
@@ -224,7 +237,8 @@ class MacroBatchGather:
         stats = FetchStats()
         self.stats = stats
         if not self.prefetch:
-            for round_ in self._rounds(batches, stats, lambda: False):
+            rounds = self._rounds(batches, stats, lambda: False)
+            while (round_ := _timed(lambda: next(rounds, _END), stats)) is not _END:
                 yield from round_.batches()
             return
         handoff: queue.Queue = queue.Queue(maxsize=1)
@@ -252,7 +266,7 @@ class MacroBatchGather:
         thread.start()
         try:
             while True:
-                item = handoff.get()
+                item = _timed(handoff.get, stats)
                 if item is _END:
                     return
                 if isinstance(item, _Failure):

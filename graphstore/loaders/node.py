@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from graphstore.buffer import BufferStats
 from graphstore.buffer.policies import EpochPlan
 from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
 from graphstore.loaders.base import BufferedLoader
 from graphstore.loaders.feature_cache import FeatureCache
-from graphstore.loaders.macro import DEFAULT_CACHE_LOOKAHEAD, MacroBatchGather
+from graphstore.loaders.macro import DEFAULT_CACHE_LOOKAHEAD, FetchStats, MacroBatchGather
 from graphstore.loaders.schemes import SCHEMES
 from graphstore.loaders.settings import NodeLoaderSettings
 from graphstore.loaders.shard import Shard
@@ -41,6 +43,13 @@ unweighted, run until validation stops improving; docs/benchmarks.md, "Out of co
 converges like in memory")."""
 SKEW_DRAWS = 16
 """Random states drawn per state to measure the skew random states of its size show."""
+
+
+def _with_fetch(io: BufferStats, fetched: FetchStats) -> BufferStats:
+    """``io`` with macro-batching's reads and waits of the same epoch added."""
+    return replace(io, requests=io.requests + fetched.requests, bytes_read=io.bytes_read + fetched.bytes_read,
+                   read_seconds=io.read_seconds + fetched.read_seconds,
+                   stall_seconds=io.stall_seconds + fetched.stall_seconds)
 
 
 def label_skew(plan: EpochPlan, partitions: np.ndarray, labels: np.ndarray, share: np.ndarray) -> float:
@@ -257,6 +266,21 @@ class NodeLoader(BufferedLoader):
     def fetch_stats(self):
         """Macro-batching counters of the last epoch (`FetchStats`), or None without it."""
         return None if self.macro is None else self.macro.stats
+
+    def epoch(self, epoch: int, *, lookahead: bool = True) -> Iterator:
+        """The batches of ``epoch`` (`BufferedLoader.epoch`); under macro-batching the rows it
+        read are added to the epoch's `BufferStats` when the epoch ends, so the epoch's reads
+        are counted in one place whatever the scheme (the structure walk reads no rows)."""
+        if self.macro is None:
+            yield from super().epoch(epoch, lookahead=lookahead)
+            return
+        started = len(self.walk.epoch_stats)
+        try:
+            yield from super().epoch(epoch, lookahead=lookahead)
+        finally:
+            # Every stage is closed (the fetch thread joined): its counters are final.
+            if len(self.walk.epoch_stats) > started:
+                self.walk.epoch_stats[-1] = _with_fetch(self.walk.epoch_stats[-1], self.macro.stats)
 
     def _micro_stage(self, k: int | None, budget: int | None, strategy: str,
                      estimator: Callable[[DenseSizes], int] | None) -> MicroBatchSplit | None:

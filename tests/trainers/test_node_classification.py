@@ -425,3 +425,20 @@ def test_a_default_buffer_too_small_says_where_it_came_from(cora_store, monkeypa
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "the default buffer" in err and "GRAPHSTORE_MEMORY_BYTES" in err and "--buffer-bytes" in err
+
+
+def test_macro_batchings_reads_are_the_epochs_reads(cora_store, tmp_path, capsys):
+    """The console, the metrics' ``io.bytes_read`` and `graphstore plot` count the rows
+    macro-batching reads (they said "read 0.0 MiB"; issue 31, 4)."""
+    import graphstore.plot
+
+    out = tmp_path / "m.json"
+    assert run(["--store", cora_store, "--scheme", "macrobatch", "--epochs", 2, "--metrics-out", out,
+                *FAST]) == 0
+    m = read(out)
+    second = m["epochs"][1]  # the structure is read in epoch 0 only
+    assert second["io"]["bytes_read"] == second["macro_batching"]["bytes_read"] > 0
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch 2/2")]
+    assert len(shown) == 1 and f"read {second['io']['bytes_read'] / 2**20:.1f} MiB" in shown[0]
+    assert "read 0.0 MiB" not in shown[0]
+    assert graphstore.plot.read_run(out).bytes_read[1] == second["macro_batching"]["bytes_read"]
