@@ -86,7 +86,7 @@ NC_FAST = ["--fanouts", "10,10", "--hidden", "32", "--lr", "0.02", "--batch-size
            # out of core whatever the memory (the buffer is sized from memory by default), and a
            # validation pass every epoch, so a resumed run selects what an uninterrupted one does
            "--buffer-partitions", "4", "--eval-every", "1"]
-LP_FAST = ["--negatives", "32", "--num-chunks", "4", "--batch-size", "256", "--lr", "0.1"]
+LP_FAST = ["--negatives", "32", "--num-chunks", "4", "--batch-size", "256", "--lr", "0.1", "--buffer-partitions", "2"]
 TIMEOUT = 120.0
 """Seconds any one subprocess may run before it is killed (and the row says so)."""
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines arrive as printed: kills land on time

@@ -3,12 +3,22 @@ graphstore store, in memory or out of core.
 
     [torchrun --nproc-per-node N] trainers/link_prediction.py --store S.gs --model distmult|complex|transe|mlp
         [--encoder none|sage|gat|rgcn] --scheme minibatch|disk --policy comet|beta|disjoint
-        [--embedding-dim d] --negatives N --num-chunks K --degree-fraction f
+        [--embedding-dim d] [--negatives N --num-chunks K --degree-fraction f]
         [--loss softmax|logistic|margin] [--corrupt both|dst|pair] [--regularization W]
         [--embedding-optimizer adagrad|adam] [--decoder-layers L --decoder-hidden H]
         --eval filtered|unfiltered|ogb [--embeddings] [--fanouts 10,5]
-        --batch-size B --epochs E --lr 0.1 --seed S --metrics-out M.json
-        --checkpoint-dir D [--resume] [--config C.toml]
+        --batch-size B [--epochs 200] [--patience 5] [--eval-every N] --lr 0.1 --seed S
+        --metrics-out M.json --checkpoint-dir D [--resume] [--config C.toml]
+
+Defaults from the data (printed, and recorded with their rules in the metrics'
+``config.derived``; `graphstore.loaders.defaults.link_prediction_defaults`). A knowledge
+graph learnt as embeddings alone (two or more relation types, ``--encoder none``) trains
+close to 1-vs-all: 2048 uniform negatives in one chunk shared by the batch, an N3 penalty of
+0.1, d=400 when the table (values and Adagrad state) fits in a quarter of the memory budget
+(else 100). Other graphs, and every run with an encoder, get MariusGNN's setting: d=100,
+256 negatives in each of 8 chunks, half drawn by degree, no penalty. The disk scheme's
+buffer comes from memory, as node classification's does (``--buffer-partitions`` or
+``--buffer-bytes`` to force it out of core).
 
 Representations. A store without features (or with ``--embeddings``, or ``--encoder
 none``, which has nothing else to learn) gets learnable node embeddings in the store
@@ -55,7 +65,15 @@ rather than at the decoders' all-ones identity: with all-ones relations DistMult
 ranking then puts ``h`` above the true tail (on WN18RR: 98 % of test queries, MRR 0.14
 instead of 0.38 after 10 epochs).
 
-Evaluation (``--eval-every`` epochs and after the last): the representations of all nodes
+Model selection. Training logs and records validation only: evaluated every
+``--eval-every`` epochs, by default whenever evaluation so far plus one more pass fits
+within the training time so far, and after the last epoch. Training stops once validation
+(MRR, or Hits@20 under ``ogb``) has not improved for ``--patience`` epochs; the
+best-validation model is then restored, its embeddings written back into the store (each
+row keeps the Adagrad state of the last epoch), and scored once on valid and test
+(``final``/``best`` in the metrics, with ``selection``).
+
+Evaluation: the representations of all nodes
 are formed in memory — the embedding table read whole, or, with an encoder, one full-graph
 layer-wise pass (every in-neighbour, all store edges, as reference blocks) — which suits
 graphs whose N x d floats fit in memory (WN18RR, ogbl-ddi). Then:
@@ -78,7 +96,7 @@ import itertools
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -103,15 +121,18 @@ from graphstore.inference import infer_layerwise, min_buffer_bytes
 from graphstore.layout.embeddings import EMBEDDINGS_ARRAY, EmbeddingTable
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import EdgeBatch, EdgeLoader, EdgeLoaderSettings
+from graphstore.loaders.defaults import link_prediction_defaults, memory_budget
 from graphstore.nn import DECODERS, GNN, full_ranks, link_loss, ogb_hits_at_k, ranking_metrics
 from graphstore.sample.reference import Block
 
 try:
     from trainers import common
-    from trainers.options import CommonOptions, fanout_list, option, override, positive_int, unit_float
+    from trainers.options import (CommonOptions, fanout_list, non_negative_int, option, override, positive_int,
+                                  unit_float)
 except ImportError:  # run as a script
     import common
-    from options import CommonOptions, fanout_list, option, override, positive_int, unit_float
+    from options import (CommonOptions, fanout_list, non_negative_int, option, override, positive_int,
+                         unit_float)
 
 PROG = "link_prediction.py"
 # The choices of --model, --encoder, --scheme and --policy.
@@ -140,7 +161,10 @@ class LinkPredictionOptions(CommonOptions):
                                 + POLICY_REGISTRY.help_text(lambda p: p.task in ("link", "both")))
     num_logical_partitions: int | None = option(
         None, type=positive_int, metavar="L", help="COMET's logical partitions (default MariusGNN's l = 2p/c)")
-    embedding_dim: int = option(100, type=positive_int, help="node representation width d")
+    embedding_dim: int | None = option(
+        None, type=positive_int, metavar="D",
+        help="node representation width d (default: a knowledge graph learnt as embeddings, 400 when its table fits "
+             "a quarter of the memory budget, else 100; other graphs 100)")
     embeddings: bool = option(False, help="learn node embeddings even when the store has features")
     embedding_scale: float = option(1e-3, type=float,
                                     help="initial embeddings ~ scale * N(0, 1) (MariusGNN: 0.001)")
@@ -149,10 +173,17 @@ class LinkPredictionOptions(CommonOptions):
         "adagrad", choices=("adagrad", "adam"),
         help="sparse optimizer of the embeddings: adagrad (MariusGNN; state in the store) or adam (as OGB's "
              "baselines; its first moment is kept in memory, so minibatch scheme only)")
-    negatives: int = option(256, type=positive_int, help="negatives per chunk")
-    num_chunks: int = option(8, type=positive_int, help="chunks of a batch sharing negatives")
-    degree_fraction: float = option(0.5, type=unit_float,
-                                    help="fraction of negatives drawn by degree (the rest uniformly)")
+    negatives: int | None = option(
+        None, type=positive_int, metavar="K",
+        help="negatives per chunk (default: a knowledge graph learnt as embeddings 2048, close to 1-vs-all; "
+             "else 256, MariusGNN's)")
+    num_chunks: int | None = option(None, type=positive_int, metavar="C",
+                                    help="chunks of a batch sharing negatives (default: 1 for a knowledge graph "
+                                         "learnt as embeddings, else 8)")
+    degree_fraction: float | None = option(
+        None, type=unit_float, metavar="F",
+        help="fraction of negatives drawn by degree, the rest uniformly (default: 0 for a knowledge graph "
+             "learnt as embeddings, else 0.5)")
     relation_init: str = option(
         "normal", choices=("ones", "normal"),
         help="relation embeddings start at the decoder's identity (ones) or ~ N(0, 1) (default): signed "
@@ -168,9 +199,10 @@ class LinkPredictionOptions(CommonOptions):
     decoder_hidden: int | None = option(
         None, type=positive_int, help="--model mlp: hidden width (default embedding dim); its dropout is --dropout")
     margin: float = option(1.0, type=float, help="margin loss only")
-    regularization: float = option(
-        0.0, type=float, metavar="W",
-        help="N3 penalty W * mean(|s|^3 + |r|^3 + |o|^3) on each batch's positives (Lacroix et al.)")
+    regularization: float | None = option(
+        None, type=float, metavar="W",
+        help="N3 penalty W * mean(|s|^3 + |r|^3 + |o|^3) on each batch's positives (Lacroix et al.; default 0.1 "
+             "for a knowledge graph learnt as embeddings, else 0)")
     optimizer: str = option("adagrad", choices=("adagrad", "adam"),
                             help="optimizer of relation embeddings and encoder weights")
     fanouts: tuple[int, ...] = option((10, 5), type=fanout_list,
@@ -181,7 +213,16 @@ class LinkPredictionOptions(CommonOptions):
     eval_mode: str | None = option(
         None, flag="--eval", choices=("filtered", "unfiltered", "ogb"),
         help="ranking protocol (default ogb when the valid split ships negatives, else filtered)")
-    eval_every: int = option(1, type=positive_int, help="evaluate every N epochs (and after the last)")
+    epochs: int = option(200, type=positive_int, run_only=True,
+                         help="most epochs (default 200); --patience usually stops sooner")
+    patience: int = option(
+        5, type=non_negative_int, run_only=True, metavar="P",
+        help="stop once validation has not improved for P epochs (default 5; 0: run every epoch); the "
+             "best-validation model (embeddings included) is restored and tested once at the end")
+    eval_every: int | None = option(
+        None, type=positive_int, run_only=True, metavar="N",
+        help="evaluate on validation every N epochs and after the last (default: after an epoch when evaluation "
+             "so far plus one more fits within the training time so far, so it stays within half of the run)")
     eval_encoder: str = option(
         "memory", choices=("memory", "exact"), run_only=True,
         help="how the encoder's representation of every node is computed for ranking: memory (the whole "
@@ -192,12 +233,13 @@ class LinkPredictionOptions(CommonOptions):
 
     def validate(self) -> None:
         super().validate()
-        if self.corrupt == "pair" and self.negatives % 2:
+        if self.corrupt == "pair" and self.negatives is not None and self.negatives % 2:
             raise ConfigError(f"--corrupt pair draws negative edges from pairs of negatives: --negatives must be "
                               f"even (got {self.negatives})")
-        if self.model == "complex" and self.embedding_dim % 2:
+        if self.model == "complex" and self.embedding_dim is not None and self.embedding_dim % 2:
             raise ConfigError(f"--model complex needs an even --embedding-dim (got {self.embedding_dim})")
-        if self.encoder == "gat" and (self.hidden or self.embedding_dim) % self.heads and len(self.fanouts) > 1:
+        if (self.encoder == "gat" and (self.hidden or self.embedding_dim or 0) % self.heads
+                and len(self.fanouts) > 1):
             raise ConfigError(f"--encoder gat: the hidden width must be divisible by --heads {self.heads}")
 
 
@@ -219,6 +261,8 @@ class LinkPredictionConfig:
     """The loader's settings, once it exists; not compared on resume."""
     world_size: int = 1
     """Data-parallel ranks (torchrun's ``WORLD_SIZE``); a resumed run needs the same."""
+    derived: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The rule that chose each default the data decides (`resolve_defaults`); run-only."""
 
     def to_dict(self) -> dict[str, Any]:
         """The keys and values the metrics JSON's ``config`` has always had (old checkpoints
@@ -234,6 +278,8 @@ class LinkPredictionConfig:
             out["world_size"] = self.world_size
         if self.loader is not None:
             out["loader"] = self.loader.to_dict()
+        if self.derived:
+            out["derived"] = dict(self.derived)
         return out
 
 
@@ -412,6 +458,9 @@ class Trainer:
                  device: torch.device, *, table: EmbeddingTable | None = None) -> None:
         """``table``: the learnable embeddings, as `prepare_embeddings` left them (None
         without learnable embeddings). Under torchrun (a process group), this rank's share."""
+        unset = [name for name in DATA_DEFAULTS if getattr(args, name) is None]
+        if unset:  # a programmatic caller skipped `resolve_defaults`
+            raise ConfigError(f"unresolved defaults {', '.join(unset)}: pass the options through resolve_defaults")
         self.args, self.config, self.store, self.device = args, config, store, device
         self.rank, self.world = rank_and_world()
         m = store.manifest
@@ -547,6 +596,35 @@ class Trainer:
             raise ConfigError(f"{self.store.path}: the store has no training edges")
         return total / count, int(count)
 
+    # -------------------------------------------------------------- model selection
+
+    def snapshot(self) -> dict[str, Any]:
+        """What restores this point of training for scoring: the model's parameters (every
+        rank) and, with learnable embeddings, their values as the store holds them now
+        (rank 0, the writer; [N, d] float32, what one evaluation already reads whole)."""
+        state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        values = None
+        if self.use_embeddings and self.rank == 0:
+            values = torch.from_numpy(np.ascontiguousarray(self.table.read_all()[:, 0]))
+        return {"model": state, "embeddings": values}
+
+    def restore(self, snapshot: dict[str, Any] | None, *, best_epoch: int, last_epoch: int) -> None:
+        """Put the best-validation model back for the final scores, its embeddings into the
+        store too (so the store holds the model the metrics report; each row keeps the
+        Adagrad state of the last epoch). Nothing to do when the last epoch was the best."""
+        if snapshot is None or best_epoch == last_epoch:
+            return
+        self.model.load_state_dict(snapshot["model"])
+        if self.use_embeddings:
+            if self.rank == 0:
+                values = snapshot["embeddings"].numpy()
+                for k in range(self.store.num_partitions):
+                    start, stop = self.store.partition_range(k)
+                    rows = self.table.read_partition(k)
+                    rows[:, 0] = values[start:stop]
+                    self.table.write_partition(k, rows)
+            sync_ranks()  # every rank's representations read the restored table
+
     # -------------------------------------------------------------- evaluation
 
     def _full_blocks(self) -> tuple[list[Block], torch.Tensor | None]:
@@ -671,6 +749,35 @@ class Trainer:
         return torch.cat(out).cpu() if out else torch.zeros(0, dtype=reps.dtype)
 
 
+DATA_DEFAULTS = ("embedding_dim", "negatives", "num_chunks", "degree_fraction", "regularization")
+"""The options whose default the store decides (`link_prediction_defaults`)."""
+
+
+def resolve_defaults(args: LinkPredictionOptions, store,
+                     saved: Mapping[str, Any] | None = None) -> tuple[LinkPredictionOptions, dict[str, str]]:
+    """``args`` with every default the data decides filled in, and the rule that chose each:
+    the width and the negatives from the kind of graph (`link_prediction_defaults`), the
+    buffer from memory; a resumed run replays its checkpoint's choices."""
+    changes: dict[str, Any] = {}
+    derived: dict[str, str] = {}
+    unset = [name for name in DATA_DEFAULTS if getattr(args, name) is None]
+    if unset and saved is not None:
+        changes.update({name: saved[name] for name in unset if saved.get(name) is not None})
+        derived.update({name: "the resumed checkpoint's" for name in changes})
+        unset = [name for name in unset if name not in changes]
+    if unset:
+        rules = link_prediction_defaults(store, encoder=args.encoder, budget_bytes=memory_budget().bytes)
+        for name in unset:
+            changes[name], derived[name] = rules[name]
+    buffer, rule = common.default_buffer(args, whole_graph=SCHEME_REGISTRY.get(args.scheme).whole_graph, saved=saved)
+    if rule is not None:
+        changes.update(buffer)
+        derived["buffer_bytes"] = rule
+    resolved = dataclasses.replace(args, **changes)
+    resolved.validate()  # the derived values meet the same checks as given ones
+    return resolved, derived
+
+
 def resolve_config(args: LinkPredictionOptions, store) -> LinkPredictionConfig:
     """The options as recorded and compared on resume (every choice made explicit)."""
     m = store.manifest
@@ -696,13 +803,6 @@ def resolve_config(args: LinkPredictionOptions, store) -> LinkPredictionConfig:
                           "(the disk scheme's embeddings keep Adagrad state in the store)")
     return LinkPredictionConfig(options=args, learnable_embeddings=learnable, learnable_embeddings_rule=rule,
                                 eval=eval_mode, eval_corrupt="both" if store.num_relations > 0 else "dst")
-
-
-def _pick(record: dict | None) -> dict | None:
-    """The ``final``/``best`` entry of the metrics JSON from an epoch record."""
-    if record is None:
-        return None
-    return {"epoch": record["epoch"], "valid": record["valid"], "test": record["test"]}
 
 
 def _summary(metrics: dict[str, float] | None) -> str:
@@ -763,15 +863,17 @@ def _train(args: LinkPredictionOptions) -> int:
     say = print if rank == 0 else (lambda *a, **k: None)
     store = graphstore.open(args.store)
     try:  # the store's locks are released when the run ends, however it ends
-        config = dataclasses.replace(resolve_config(args, store), world_size=world)
+        ckpt = common.Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None
+        # Read once: its configuration decides the defaults a resumed run replays.
+        path = ckpt.latest() if args.resume else None
+        state = ckpt.load(path) if args.resume else None
+        args, derived = resolve_defaults(args, store, None if state is None else state["config"])
+        config = dataclasses.replace(resolve_config(args, store), world_size=world, derived=derived)
         store.close()
         store = open_for_run(args, config.learnable_embeddings)
-        ckpt = common.Checkpointer(args.checkpoint_dir) if args.checkpoint_dir else None
-        state = path = None
-        if args.resume:
-            path = ckpt.latest()
-            state = ckpt.load(path)
-            common.check_resume_config(state["config"], config.to_dict(), path)
+        if state is not None:
+            common.check_resume_config(state["config"], config.to_dict(), path,
+                                       run_only=common.RUN_ONLY | LinkPredictionOptions.run_only_names())
         table = prepare_embeddings(args, store, path) if config.learnable_embeddings else None
         trainer = Trainer(args, config, store, device, table=table)
         # The checkpoint's copy leaves the loader's settings out: they are not compared on resume.
@@ -787,11 +889,13 @@ def _train(args: LinkPredictionOptions) -> int:
             f"decoder {args.model}; negatives {args.negatives} x {args.num_chunks} chunks "
             f"(degree fraction {args.degree_fraction:g}); "
             f"eval {config.eval} ({config.eval_corrupt})", flush=True)
+        for name, rule in derived.items():
+            say(f"default {name}: {rule}", flush=True)
 
         # Rank 0 alone writes the metrics and the checkpoints; every rank reads one to resume.
         metrics = common.MetricsWriter(args.metrics_out if rank == 0 else None, task="link_prediction",
                                        config=config.to_dict())
-        start_epoch, history, resumed_from = 0, [], None
+        start_epoch, history, resumed_from, snapshot = 0, [], None, None
         if state is not None:
             trainer.model.load_state_dict(state["model"])
             trainer.optimizer.load_state_dict(state["optimizer"])
@@ -799,31 +903,39 @@ def _train(args: LinkPredictionOptions) -> int:
                 trainer.embedding_adam = state["embedding_adam"]
             common.set_rng_state(state["rng"])
             start_epoch, history, resumed_from = state["epoch"] + 1, state["history"], state["epoch"]
-            say(f"resumed from {path} (epoch {state['epoch']} done)", flush=True)
+            snapshot = state.get("best")
+            say(f"resumed from {path} (epoch {state['epoch'] + 1} done)", flush=True)
         trainer.wrap()
 
         key = "hits@20" if config.eval == "ogb" else "mrr"
-        evaluated = [h for h in history if h["valid"]]
-        best = max(evaluated, key=lambda h: h["valid"][key], default=None)
+        best = max((h for h in history if h["valid"]), key=lambda h: h["valid"][key], default=None)
+        train_s = sum(h["time_s"] for h in history)
+        eval_s = sum(h["eval_time_s"] for h in history)
+        last_eval_s = next((h["eval_time_s"] for h in reversed(history) if h["valid"]), 0.0)
+        stopped = None
         for epoch in range(start_epoch, args.epochs):
             t0 = time.perf_counter()
             rounds_before = len(trainer.loader.epoch_stats)
             loss, n = trainer.train_epoch(epoch)
             common.finite_or_raise(loss, epoch)
             t1 = time.perf_counter()
-            valid = test = None
-            if (epoch + 1) % args.eval_every == 0 or epoch == args.epochs - 1:
-                reps = trainer.representations()
-                valid, test = trainer.evaluate(reps, "valid"), trainer.evaluate(reps, "test")
+            train_s += t1 - t0
+            valid = None
+            # Validation only: the test split is scored once, at the end, on the selected model.
+            if common.should_evaluate(args, epoch, train_s, eval_s, last_eval_s):
+                valid = trainer.evaluate(trainer.representations(), "valid")
             t2 = time.perf_counter()
+            eval_s += t2 - t1
+            if valid is not None:
+                last_eval_s = t2 - t1
             io = common.io_stats(trainer.loader.epoch_stats[rounds_before:])  # this rank's, every round
-            record = {"epoch": epoch, "train_loss": loss, "train_edges": n, "valid": valid, "test": test,
+            record = {"epoch": epoch, "train_loss": loss, "train_edges": n, "valid": valid,
                       "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io}
             history.append(record)
             if valid is not None and (best is None or valid[key] > best["valid"][key]):
-                best = record
-            say(f"epoch {epoch + 1}/{args.epochs}  loss {loss:.4f}  valid {_summary(valid)}  "
-                f"test {_summary(test)}  {t1 - t0:.2f} s (+{t2 - t1:.2f} s eval)  "
+                best, snapshot = record, trainer.snapshot()
+            shown = f"valid {_summary(valid)}  (+{t2 - t1:.2f} s eval)" if valid is not None else "(not evaluated)"
+            say(f"epoch {epoch + 1}/{args.epochs}  loss {loss:.4f}  {shown}  {t1 - t0:.2f} s  "
                 f"read {common.mib(io['bytes_read'])}  "
                 f"written {common.mib(io['bytes_written'])}  stall {io['stall_s']:.2f} s", flush=True)
             if ckpt is not None and rank == 0:
@@ -834,16 +946,34 @@ def _train(args: LinkPredictionOptions) -> int:
                 ckpt.save(epoch, {"epoch": epoch, "model": trainer.model.state_dict(),
                                   "optimizer": trainer.optimizer.state_dict(),
                                   "embedding_adam": trainer.embedding_adam, "rng": common.rng_state(),
-                                  "history": history, "config": saved_config}, snapshots=snapshots)
+                                  "history": history, "config": saved_config, "best": snapshot},
+                          snapshots=snapshots)
             sync_ranks()  # nobody writes the store (next epoch) while rank 0 copies it
-            last_eval = next((h for h in reversed(history) if h["valid"]), None)
-            metrics.write(epochs=history, resumed_from=resumed_from, final=_pick(last_eval), best=_pick(best))
+            metrics.write(epochs=history, resumed_from=resumed_from,
+                          best=None if best is None else {"epoch": best["epoch"], "valid": best["valid"]})
+            # Stop only at an evaluated epoch: one that was not evaluated might have improved.
+            if args.patience and valid is not None and epoch - best["epoch"] >= args.patience:
+                stopped = epoch
+                say(f"stopping early: validation {key} has not improved for {args.patience} epochs "
+                    f"(best at epoch {best['epoch'] + 1})", flush=True)
+                break
         if not history:
             raise ConfigError(f"nothing to train: --epochs {args.epochs} and the checkpoint is at epoch "
                               f"{start_epoch}")
-        last = history[-1]
-        say(f"final: valid {_summary(last['valid'])}  test {_summary(last['test'])}  "
-            f"peak memory {common.mib(common.peak_memory_bytes())}", flush=True)
+        # The run's model is the best-validation one: restored (the embeddings in the store
+        # too), then scored once on valid and test.
+        t3 = time.perf_counter()
+        trainer.restore(snapshot, best_epoch=best["epoch"], last_epoch=history[-1]["epoch"])
+        reps = trainer.representations()
+        scores = {split: trainer.evaluate(reps, split) for split in ("valid", "test")}
+        selection = (f"best validation {key}: epoch {best['epoch'] + 1} of {len(history)} trained"
+                     + (f" (stopped early, patience {args.patience})" if stopped is not None else ""))
+        final = {"epoch": best["epoch"], "valid": scores["valid"], "test": scores["test"], "selection": selection}
+        metrics.write(epochs=history, resumed_from=resumed_from, final=final, best=final, stopped_early=stopped,
+                      train_time_s=train_s, eval_time_s=eval_s, test_time_s=time.perf_counter() - t3)
+        say(f"final: valid {_summary(scores['valid'])}  test {_summary(scores['test'])}  ({selection}; "
+            f"train {train_s:.1f} s, evaluation {eval_s:.1f} s, peak memory "
+            f"{common.mib(common.peak_memory_bytes())})", flush=True)
         return 0
     finally:
         store.close()

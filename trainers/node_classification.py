@@ -127,10 +127,6 @@ except ImportError:  # run as a script
                          unit_float)
 
 PROG = "node_classification.py"
-EVAL_MARGIN = 1.5
-"""The default rhythm counts the next evaluation as 1.5 times the last: passes vary, and the
-last epoch is evaluated whatever the budget, so an exact fit overshot half (50.9 % on a
-34k-node, 8,415-feature graph)."""
 LOSS_PROGRESS = 0.01
 """Early stopping counts a validation loss as progress when it is this much (relative) below
 the lowest so far; smaller drops go on for hundreds of epochs under weight decay."""
@@ -613,18 +609,7 @@ def resolve_defaults(args: NodeClassificationOptions, store,
     return dataclasses.replace(args, **changes), derived
 
 
-def should_evaluate(args: NodeClassificationOptions, epoch: int, train_s: float, eval_s: float,
-                    last_eval_s: float = 0.0) -> bool:
-    """Whether ``epoch`` (0-based) ends with a validation pass: every ``--eval-every`` epochs,
-    or by default when evaluation so far plus one more (`EVAL_MARGIN` times as long as the
-    last one) stays within the training time so far (so it is at most half of the run: a slow exact
-    evaluation runs every few epochs, a cheap one every epoch); the first and the last
-    epoch always."""
-    if epoch == args.epochs - 1:
-        return True
-    if args.eval_every is not None:
-        return (epoch + 1) % args.eval_every == 0
-    return eval_s + EVAL_MARGIN * last_eval_s <= train_s
+should_evaluate = common.should_evaluate  # the evaluation rhythm both trainers share
 
 
 def improves(valid: Mapping[str, float], best: Mapping[str, Any] | None) -> bool:

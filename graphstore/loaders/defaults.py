@@ -18,6 +18,12 @@ settings and the metrics JSON can say why:
   ``--buffer-partitions`` is given: a share of what the process may still use (the cgroup's
   limit when one is set, else the kernel's MemAvailable), so a graph that fits is fully
   resident and an out-of-core scheme goes out of core only when memory says so.
+- `link_prediction_defaults`: the embedding width and the negatives of a link predictor.
+  A knowledge graph learnt as embeddings alone (several relation types, no encoder) gets
+  what WN18RR's DistMult needs to reach its published MRR, close to 1-vs-all training
+  (many uniform negatives shared by the batch, an N3 penalty, a wide table); other graphs,
+  and any run with a GNN encoder (whose every negative is encoded), MariusGNN's setting
+  (d=100, 256 x 8 negatives, half by degree).
 
 The thresholds were chosen on validation accuracy across Cora, CiteSeer and Amazon Photo
 (docs/benchmarks.md, "Defaults against the tuned recipes"), never on test.
@@ -43,6 +49,7 @@ __all__ = [
     "MemoryBudget",
     "default_batch_size",
     "feature_normalization",
+    "link_prediction_defaults",
     "memory_budget",
 ]
 
@@ -60,6 +67,19 @@ SAMPLE_ROWS = 4096
 """Feature rows inspected to choose the normalisation (spread over the partitions)."""
 SPARSE_FRACTION = 0.5
 """Rows are bag-of-words-like when at least this share of their entries is zero."""
+KG_NEGATIVES = 2048
+"""Uniform negatives shared by a knowledge-graph batch (one chunk): near 1-vs-all on WN18RR's
+40,943 entities (LibKGE's and Lacroix et al.'s training), 0.43 filtered MRR against 0.38 with
+MariusGNN's 256 x 8 half by degree (docs/benchmarks.md, "Link prediction")."""
+KG_REGULARIZATION = 0.1
+"""N3 weight (Lacroix et al.) with `KG_NEGATIVES`: without it the wide table over-fits."""
+KG_WIDE_DIM, NARROW_DIM = 400, 100
+"""Embedding widths: a knowledge graph's table is `KG_WIDE_DIM` wide when it fits in
+`KG_TABLE_SHARE` of the memory budget, else `NARROW_DIM` (MariusGNN's width for Freebase86m
+and for its other graphs)."""
+KG_TABLE_SHARE = 0.25
+"""The share of the memory budget a wide table (value and Adagrad state) may take: the
+minibatch scheme holds it whole, and evaluation reads every row."""
 MEMORY_SHARE = 0.5
 """The buffer's share of the memory the process may still use; the rest is the model, the
 batches in flight, evaluation and the page cache the reads go through."""
@@ -71,6 +91,40 @@ def default_batch_size(num_train: int) -> tuple[int, str]:
     batch = max(1, min(batch, num_train)) if num_train else MIN_BATCH_SIZE
     return batch, (f"min({MAX_BATCH_SIZE}, max({MIN_BATCH_SIZE}, train split {num_train} / {BATCH_STEPS})): "
                    f"several steps an epoch even on a small split")
+
+
+def link_prediction_defaults(store: Store, *, encoder: str, budget_bytes: int) -> dict[str, tuple[object, str]]:
+    """``{option: (value, rule)}`` for ``embedding_dim``, ``negatives``, ``num_chunks``,
+    ``degree_fraction`` and ``regularization`` of a link predictor on ``store``.
+
+    ``encoder``: the trainer's ``--encoder`` (``"none"``: embeddings alone);
+    ``budget_bytes``: the memory the run may use (`memory_budget`).
+    """
+    n = store.num_nodes
+    if store.num_relations > 1 and encoder == "none":
+        wide = n * KG_WIDE_DIM * 2 * 4 <= KG_TABLE_SHARE * budget_bytes
+        dim = KG_WIDE_DIM if wide else NARROW_DIM
+        why = (f"a knowledge graph ({store.num_relations} relation types) learnt as embeddings: close to "
+               "1-vs-all training (WN18RR's recipe)")
+        negatives = min(KG_NEGATIVES, max(2, n))
+        return {
+            "embedding_dim": (dim, f"{dim}: {n:,} x {KG_WIDE_DIM} values and Adagrad state "
+                                   f"{'fit' if wide else 'do not fit'} in {KG_TABLE_SHARE:g} of the memory budget "
+                                   f"({budget_bytes / 2**30:.1f} GiB)"),
+            "negatives": (negatives, f"{negatives} uniform negatives in one chunk: {why}"),
+            "num_chunks": (1, f"1: {why}"),
+            "degree_fraction": (0.0, f"0: {why}"),
+            "regularization": (KG_REGULARIZATION, f"N3 {KG_REGULARIZATION:g}: {why}"),
+        }
+    why = "MariusGNN's setting" + (" (an encoder encodes every negative)" if encoder != "none" else
+                                   " (fewer than two relation types)")
+    return {
+        "embedding_dim": (NARROW_DIM, f"{NARROW_DIM}: {why}"),
+        "negatives": (256, f"256 per chunk: {why}"),
+        "num_chunks": (8, f"8: {why}"),
+        "degree_fraction": (0.5, f"half by degree: {why}"),
+        "regularization": (0.0, f"none: {why}"),
+    }
 
 
 def feature_normalization(store: Store) -> tuple[str, str]:

@@ -21,7 +21,8 @@ import graphstore
 from graphstore.distributed import fail_fast, init_process_group
 from trainers import link_prediction as lp
 
-ARGS = ["--scheme", "disk", "--embedding-dim", "8", "--negatives", "8", "--batch-size", "64", "--seed", "1"]
+ARGS = ["--scheme", "disk", "--embedding-dim", "8", "--negatives", "8", "--num-chunks", "8", "--degree-fraction", "0.5",
+        "--regularization", "0", "--buffer-partitions", "2", "--batch-size", "64", "--seed", "1"]
 
 
 @fail_fast

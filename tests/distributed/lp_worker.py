@@ -33,14 +33,14 @@ from trainers import common
 from trainers import link_prediction as lp
 
 EPOCHS = 2
-BASE = ["--embedding-dim", "8", "--negatives", "16", "--num-chunks", "2", "--batch-size", "96", "--lr", "0.1",
-        "--seed", "4"]
+BASE = ["--embedding-dim", "8", "--negatives", "16", "--num-chunks", "2", "--degree-fraction", "0.5",
+        "--regularization", "0", "--batch-size", "96", "--lr", "0.1", "--seed", "4"]
 SAGE = ["--encoder", "sage", "--fanouts", "4,3", "--dropout", "0.5"]
 # case -> (store: the knowledge graph with learnable embeddings, or a graph with features, which
 # the disk scheme divides in blocks of COMET's states; flags)
 CASES = {
     "minibatch": ("kg", ["--scheme", "minibatch"]),
-    "disk": ("kg", ["--scheme", "disk"]),
+    "disk": ("kg", ["--scheme", "disk", "--buffer-partitions", "2"]),
     "minibatch-sage": ("kg", ["--scheme", "minibatch", *SAGE]),
     "disk-sage": ("kg", ["--scheme", "disk", *SAGE, "--buffer-partitions", "2"]),
     "features-minibatch-sage": ("features", ["--scheme", "minibatch", *SAGE, "--eval", "ogb"]),

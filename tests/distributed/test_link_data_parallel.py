@@ -204,6 +204,7 @@ def test_the_link_trainer_runs_and_resumes_exactly_under_torchrun(kg, tmp_path):
     args = lp.LinkPredictionOptions.parse(["--store", str(stores[straight]), "--scheme", "disk",
                                            "--embedding-dim", "16", "--seed", "2"])
     with graphstore.open(stores[straight], mode="r+") as store:
+        args, _ = lp.resolve_defaults(args, store)
         trainer = lp.Trainer(args, lp.resolve_config(args, store), store, torch.device("cpu"),
                              table=EmbeddingTable.open(store))
         trainer.model.load_state_dict(torch.load(straight / "epoch-0002" / "state.pt", weights_only=False)["model"])

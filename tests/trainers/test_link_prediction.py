@@ -17,7 +17,8 @@ from graphstore.layout.embeddings import EmbeddingTable
 from trainers import common
 from trainers import link_prediction as lp
 
-FAST = ["--embedding-dim", 16, "--negatives", 32, "--num-chunks", 4, "--batch-size", 256, "--lr", 0.1]
+FAST = ["--embedding-dim", 16, "--negatives", 32, "--num-chunks", 4, "--batch-size", 256, "--lr", 0.1,
+        "--buffer-partitions", 2]  # out of core whatever the memory (the disk scheme)
 
 
 def run(argv) -> int:
@@ -277,3 +278,82 @@ def test_exact_encoder_evaluation_ranks_as_the_in_memory_one(fresh_kg, tmp_path,
     for split in ("valid", "test"):
         for metric, value in memory["final"][split].items():
             assert abs(exact["final"][split][metric] - value) < 1e-6, (split, metric)
+
+
+# ---------------------------------------------------------------------- defaults and selection
+
+# A learning rate high enough that validation MRR peaks early on the toy graph and patience stops.
+OVERSHOOT = ["--batch-size", 256, "--lr", 0.5, "--embedding-dim", 16]
+
+
+def test_patience_restores_the_best_validation_model_into_the_store(kg_store, tmp_path):
+    import shutil
+
+    stores = {name: tmp_path / f"{name}.gs" for name in ("patient", "short")}
+    for path in stores.values():
+        shutil.copytree(kg_store, path)
+    out = tmp_path / "m.json"
+    assert run(["--store", stores["patient"], *OVERSHOOT, "--epochs", 30, "--patience", 3, "--metrics-out", out]) == 0
+    m = json.loads(out.read_text())
+    best, trained = m["final"]["epoch"], len(m["epochs"])
+    assert m["stopped_early"] == trained - 1 == best + 3 < 29  # stopped by patience, not by --epochs
+    assert all("test" not in e for e in m["epochs"])  # training shows validation only
+    assert m["final"] == m["best"] and m["final"]["selection"].startswith(f"best validation mrr: epoch {best + 1}")
+    # The restored model scores on validation exactly what it scored when it was evaluated.
+    assert m["final"]["valid"] == m["epochs"][best]["valid"]
+    # And the store holds that model's embeddings: those of a run that stopped at that epoch.
+    short = tmp_path / "short.json"
+    assert run(["--store", stores["short"], *OVERSHOOT, "--epochs", best + 1, "--patience", 0,
+                "--metrics-out", short]) == 0
+    assert json.loads(short.read_text())["final"] == {**m["final"], "selection": f"best validation mrr: epoch "
+                                                      f"{best + 1} of {best + 1} trained"}
+    values = [EmbeddingTable.open(graphstore.open(stores[k])).read_all()[:, 0] for k in ("patient", "short")]
+    assert np.array_equal(*values)
+
+
+def test_resume_keeps_the_best_model_for_the_end(kg_store, tmp_path):
+    import shutil
+
+    stores = {name: tmp_path / f"{name}.gs" for name in ("straight", "split")}
+    for path in stores.values():
+        shutil.copytree(kg_store, path)
+    args = [*OVERSHOOT, "--patience", 0, "--epochs", 7]
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run(["--store", stores["straight"], *args, "--metrics-out", a / "m.json"]) == 0
+    ma = json.loads((a / "m.json").read_text())
+    assert ma["final"]["epoch"] < 3  # the best epoch is before the interruption below
+    assert run(["--store", stores["split"], *args[:-1], 4, "--checkpoint-dir", b]) == 0
+    assert run(["--store", stores["split"], *args, "--checkpoint-dir", b, "--resume", "--metrics-out", b / "m.json"]) == 0
+    assert json.loads((b / "m.json").read_text())["final"] == ma["final"]
+    values = [EmbeddingTable.open(graphstore.open(stores[k])).read_all()[:, 0] for k in ("straight", "split")]
+    assert np.array_equal(*values)
+
+
+def test_defaults_come_from_the_kind_of_graph_and_the_memory(kg_store, tmp_path, monkeypatch):
+    write_clustered_ogbl(tmp_path / "ogbl_toy")
+    plain = tmp_path / "toy.gs"
+    graphstore.convert(tmp_path / "ogbl_toy", plain, num_partitions=2, partitioner="random")
+
+    def resolved(store):
+        args = lp.LinkPredictionOptions.parse(["--store", str(store)])
+        with graphstore.open(store) as s:
+            return lp.resolve_defaults(args, s)
+
+    kg, rules = resolved(kg_store)  # 3 relation types, 240 entities: negatives capped at the entities
+    assert (kg.embedding_dim, kg.negatives, kg.num_chunks, kg.degree_fraction, kg.regularization) == (
+        400, 240, 1, 0.0, 0.1)
+    assert "knowledge graph (3 relation types)" in rules["negatives"]
+    other, rules = resolved(plain)  # no relation types: MariusGNN's setting
+    assert (other.embedding_dim, other.negatives, other.num_chunks, other.degree_fraction,
+            other.regularization) == (100, 256, 8, 0.5, 0.0)
+    assert "MariusGNN" in rules["negatives"]
+    # A wide table that would take more than a quarter of the memory budget is narrowed.
+    monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", str(2 * 240 * 400 * 8 * 4 - 1))
+    narrow, rules = resolved(kg_store)
+    assert narrow.embedding_dim == 100 and "do not fit" in rules["embedding_dim"]
+    # Given flags win, and the choice is recorded with its rule in the metrics.
+    out = tmp_path / "m.json"
+    assert run(["--store", plain, "--epochs", 1, "--negatives", 16, "--metrics-out", out]) == 0
+    config = json.loads(out.read_text())["config"]
+    assert config["negatives"] == 16 and "negatives" not in config["derived"]
+    assert config["embedding_dim"] == 100 and config["derived"]["embedding_dim"].startswith("100: MariusGNN")

@@ -37,7 +37,9 @@ LP_CONFIG_KEYS = {
     "eval_corrupt", "eval_encoder", "eval_every", "eval_mode", "fanouts", "heads", "hidden", "learnable_embeddings",
     "loader",
     "loss", "lr", "margin", "metrics_out", "model", "negatives", "num_chunks", "num_logical_partitions",
-    "optimizer", "policy", "prefetch", "regularization", "relation_init", "resume", "scheme", "seed", "store"}
+    "optimizer", "policy", "prefetch", "regularization", "relation_init", "resume", "scheme", "seed", "store",
+    # issue 30: early stopping, the derived defaults' rules
+    "patience", "derived"}
 
 
 def toml(tmp_path, text: str) -> str:
