@@ -264,7 +264,7 @@ class EdgeLoader(BufferedLoader):
             num_chunks=self.num_chunks, degree_fraction=self.degree_fraction, fanouts=self.fanouts,
             embedding_dim=self.embedding_dim, **comet,
             world_size=None if self.shard is None else self.shard.world_size,
-            embedding_placement=self.embedding_placement)
+            embedding_placement=self.embedding_placement, spread_buckets=self.spread_buckets)
 
     def _samples_neighbours(self) -> bool:
         # Without an encoder a batch reads its endpoints' and negatives' rows only: cut edges

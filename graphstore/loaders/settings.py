@@ -203,11 +203,15 @@ class EdgeLoaderSettings(LoaderSettings):
     """With ``world_size``: ``"owned"`` (each rank holds and writes back the partitions of its
     states; rounds of disjoint states) or ``"replicated"`` (every rank holds every row, rank 0
     writes back); None otherwise."""
+    spread_buckets: bool | None = None
+    """Whether each edge bucket's edges are spread over every state holding both its
+    partitions (`SpreadEdgeTargets`) rather than trained whole in the first; None in records
+    written before it was recorded."""
 
     _KINDS: ClassVar[dict[str, str]] = {
         "batch_size": _INT, "negatives": _INT, "num_chunks": _INT, "degree_fraction": _FLOAT,
         "fanouts": _INTS, "embedding_dim": _INT, "num_logical_partitions": _INT, "logical_capacity": _INT,
-        "world_size": _INT, "embedding_placement": _STR}
+        "world_size": _INT, "embedding_placement": _STR, "spread_buckets": _BOOL}
     _OPTIONAL: ClassVar[frozenset[str]] = frozenset({"fanouts"})
     _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"num_logical_partitions", "logical_capacity",
-                                                         "world_size", "embedding_placement"})
+                                                         "world_size", "embedding_placement", "spread_buckets"})

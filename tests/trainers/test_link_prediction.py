@@ -37,6 +37,7 @@ def test_disk_comet_learns_embeddings_in_the_store(fresh_kg, tmp_path, capsys):
     m = json.loads(out.read_text())
     loader = m["config"]["loader"]
     assert (loader["policy"], loader["capacity"], loader["num_logical_partitions"]) == ("comet", 2, 4)
+    assert loader["spread_buckets"] is True  # the default out of core, recorded
     assert m["config"]["learnable_embeddings"] and m["config"]["eval"] == "filtered"
     assert {"mrr", "hits@1", "hits@3", "hits@10"} <= set(m["final"]["test"])
     for e in m["epochs"]:  # every epoch writes its updated embeddings back
