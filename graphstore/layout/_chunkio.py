@@ -58,6 +58,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -477,15 +478,23 @@ class ChunkReader:
         self.piece_bytes = -(-piece_bytes // ALIGN) * ALIGN
         self.drop_cache = drop_cache and hasattr(os, "posix_fadvise")
         self.verify = verify
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
-        # Checksums run on threads of their own, so a reader thread goes straight on to
-        # its next read: the disk's queue stays full while crc32c runs (it releases the GIL).
-        self._verify_pool = ThreadPoolExecutor(2, thread_name_prefix=f"{name}-verify")
-        self._lock = threading.Lock()
+        self._name = name
+        self._start_workers()
         self._no_direct: set[int] = set()
         """Devices (``st_dev``) that refused O_DIRECT: read buffered from then on."""
         self._layouts: dict[tuple[int, str], ArrayLayout] = {}
         self._closed = False
+        _LIVE_READERS.add(self)
+
+    def _start_workers(self) -> None:
+        """New pools (their threads start at the first read) and lock: at construction, and
+        in a forked child, which inherits the parent's pools without their threads (a read
+        would wait forever) and perhaps a lock some parent thread held at the fork."""
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._name)
+        # Checksums run on threads of their own, so a reader thread goes straight on to
+        # its next read: the disk's queue stays full while crc32c runs (it releases the GIL).
+        self._verify_pool = ThreadPoolExecutor(2, thread_name_prefix=f"{self._name}-verify")
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ public
 
@@ -912,6 +921,21 @@ def _check_request(layout: ArrayLayout, lo: int, hi: int, out: np.ndarray) -> No
 
 _SHARED: ChunkReader | None = None
 _SHARED_LOCK = threading.Lock()
+_LIVE_READERS: weakref.WeakSet[ChunkReader] = weakref.WeakSet()
+"""Every open reader, so that a forked child can give each new workers."""
+
+
+def _after_fork_in_child() -> None:
+    global _SHARED_LOCK
+    _SHARED_LOCK = threading.Lock()
+    for reader in list(_LIVE_READERS):
+        if not reader._closed:
+            reader._start_workers()
+
+
+# A DataLoader worker (PyG's NodeLoader over `remote_backend`, say) is a fork of a process
+# that has usually read already: without this its first read waits forever.
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def shared_reader() -> ChunkReader:

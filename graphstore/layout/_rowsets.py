@@ -98,6 +98,16 @@ def _workers() -> ThreadPoolExecutor:
         return _pool
 
 
+def _after_fork_in_child() -> None:
+    # A fork copies the pool without its threads (a task submitted there never runs) and the
+    # lock as it was (held, if a parent thread was in `_workers`): the child starts afresh.
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def read_row_set(layout: ArrayLayout, ids: np.ndarray, out: np.ndarray) -> RowSetStats:
     """Fill ``out[i]`` with row ``ids[i]`` of ``layout``'s array; ``ids`` ascending, distinct.
 

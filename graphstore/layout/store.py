@@ -20,6 +20,7 @@ import dataclasses
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,20 @@ _MODES = ("r", "r+")
 _WARNED_UNVERIFIED: set[str] = set()
 """Stores already warned about in this process (the warning is one-time per store)."""
 _WARN_LOCK = threading.Lock()
+_OPEN_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+"""Every open store, so that a forked child can give each a new lock."""
+
+
+def _after_fork_in_child() -> None:
+    # A lock some parent thread held at the fork (a buffer loader in `_layout`) stays held in
+    # the child, whose copy of that thread never runs: DataLoader workers are such forks.
+    global _WARN_LOCK
+    _WARN_LOCK = threading.Lock()
+    for store in list(_OPEN_STORES):
+        store._layout_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def open_store(path: str | os.PathLike, mode: str = "r", *, writer_lock: bool = True) -> Store:
@@ -140,6 +155,7 @@ class Store:
         """[p*p+1] int64: see `bucket_range`."""
         self._layouts: dict[str, ArrayLayout] = {}
         self._layout_lock = threading.Lock()
+        _OPEN_STORES.add(self)
         self._segment_tables = load_segment_tables(
             self._root, str(self.path), num_partitions=self.num_partitions,
             partition_size=self.partition_size, bucket_offsets=self.bucket_offsets)

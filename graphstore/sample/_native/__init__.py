@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import logging
+import os
 import threading
 import weakref
 from pathlib import Path
@@ -174,6 +175,15 @@ class _OutputPool:
 
 
 _pool = _OutputPool()
+
+
+def _after_fork_in_child() -> None:
+    # A lock some parent thread held at the fork stays held in the child, whose copy of
+    # that thread never runs (DataLoader workers are forks).
+    _pool._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def empty_int64(n: int) -> torch.Tensor:
