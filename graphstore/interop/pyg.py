@@ -27,6 +27,8 @@ Two ways in, for a model written for PyG (``torch_geometric``, the ``graphstore[
   The graph store holds the whole graph's structure in memory (a CSC over store ids, int32
   sources, as the macro-batch scheme's) and the labels; the feature store reads each
   batch's feature rows from the store by their ~4 KiB verified blocks (`Store.read_row_set`).
+  ``num_workers > 0`` works: each forked worker reads with new threads (the store's
+  readers reset their pools in a fork), and `DenseSampler` draws a stream per worker and epoch.
 
 PyG's sampled ``Data`` and a DENSE hold the same sample in mirrored orders
 (`graphstore.interop.hops`), so a PyG model gives, weight for weight, what the matching
@@ -42,10 +44,12 @@ naming the extra.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from graphstore.buffer.resident import ResidentGraph, build_structure_graph
 from graphstore.errors import ConfigError, ReadOnlyStoreError
@@ -346,7 +350,12 @@ class DenseSampler(BaseSampler):
     fanouts : sequence of int
         Neighbours per hop, nearest first.
     seed : int
-        Seeds the sampler's generator: the same seed gives the same epoch.
+        Seeds the sampler's generator. In the loading process, one stream over the epochs.
+        In a DataLoader worker (``num_workers > 0``), a stream per worker and epoch: the seed
+        mixed with the worker's torch seed, which the DataLoader draws at each epoch from
+        its ``generator`` (or torch's global one) and offsets by the worker id, as it seeds
+        PyG's own samplers. The same seed, loader generator (or ``torch.manual_seed``) and
+        number of workers give the same run.
 
     Raises
     ------
@@ -366,7 +375,22 @@ class DenseSampler(BaseSampler):
         self.fanouts = tuple(fanouts)
         if not self.fanouts or any(isinstance(f, bool) or not isinstance(f, int) or f < -1 for f in self.fanouts):
             raise ConfigError(f"fanouts must be ints >= -1, nearest hop first (got {fanouts!r})")
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = int(seed)
+        self._generator = torch.Generator().manual_seed(self.seed)
+        self._worker: tuple[int, int] | None = None
+        """(pid, torch seed) of the DataLoader worker the generator was seeded in, if any."""
+
+    @property
+    def generator(self) -> torch.Generator:
+        """This process's stream: a worker's copy of the sampler starts with the loader
+        process's generator state, which every worker and every epoch's new workers would
+        replay, so a worker seeds its own the first time it draws."""
+        info = get_worker_info()
+        if info is not None and self._worker != (os.getpid(), info.seed):
+            self._worker = (os.getpid(), info.seed)
+            mixed = np.random.SeedSequence([self.seed & 0xFFFFFFFFFFFFFFFF, info.seed]).generate_state(1, np.uint64)
+            self._generator = torch.Generator().manual_seed(int(mixed[0]) & ((1 << 63) - 1))
+        return self._generator
 
     def _sample(self, seeds: torch.Tensor) -> SamplerOutput:
         dense = sample_dense(self.graph, seeds, self.fanouts, generator=self.generator)

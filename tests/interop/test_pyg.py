@@ -166,6 +166,44 @@ def test_pyg_node_loader_iterates_the_store(pyg, small):
     assert torch.equal(first(1), first(1)) and not torch.equal(first(1), first(2))
 
 
+def _worker_epochs(data, seeds, *, seed, loader_seed, epochs=2):
+    """Each epoch's batches of a two-worker NodeLoader over ``seeds``, 20 a batch (batch k
+    from worker k % 2); a worker that hangs fails the test after 60 s instead of hanging it."""
+    from torch_geometric.loader import NodeLoader
+
+    loader = NodeLoader(data, node_sampler=interop_pyg.DenseSampler(data[1], fanouts=(4, 3), seed=seed),
+                        input_nodes=seeds, batch_size=20, num_workers=2, timeout=60,
+                        generator=torch.Generator().manual_seed(loader_seed))
+    return [[batch for batch in loader] for _ in range(epochs)]
+
+
+def _same_sample(a, b) -> bool:
+    return torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # Python 3.12+
+def test_pyg_workers_read_rows_after_the_parent_and_draw_their_own_samples(pyg, small):
+    """Forked DataLoader workers over the remote backend, after the parent read rows (its
+    row-set pool has threads, which a fork does not copy): each worker and each epoch draws
+    its own stream, and the same seeds replay the run."""
+    data = interop_pyg.remote_backend(small)
+    data[0].get_tensor(None, "x", torch.arange(0, 400, 3))             # the parent reads first
+    features, edges = torch.from_numpy(np.asarray(small.features[...])), _store_edges(small)
+    train = torch.from_numpy(small.read_node_split("train"))[:20]
+    seeds = train.repeat(4)          # the same 20 seeds in every batch: only the draws differ
+    run = _worker_epochs(data, seeds, seed=5, loader_seed=0)
+    for batch in run[0]:
+        _check_sample(batch, small, edges, features)
+        assert torch.equal(batch.n_id[:batch.batch_size], train)
+    first, second = run
+    assert not _same_sample(first[0], first[1]) and not _same_sample(first[2], first[3])   # worker 0 vs 1
+    assert not any(_same_sample(a, b) for a, b in zip(first, second))                     # epoch 0 vs 1
+    again = _worker_epochs(data, seeds, seed=5, loader_seed=0)
+    assert all(_same_sample(a, b) for a, b in zip(run[0] + run[1], again[0] + again[1]))
+    other = _worker_epochs(data, seeds, seed=6, loader_seed=0, epochs=1)
+    assert not _same_sample(run[0][0], other[0][0])
+
+
 @pytest.mark.parametrize("mode", ["binary", "triplet"])
 def test_pyg_link_loader_iterates_the_store(pyg, small, mode):
     from torch_geometric.loader import LinkLoader
