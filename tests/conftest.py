@@ -90,3 +90,34 @@ def make_graph(
         raw["rel"] = rel
     return graph, raw
 
+
+
+def write_float16_edgelist(directory: Path, *, num_nodes: int = 2000, num_classes: int = 4, feature_dim: int = 16,
+                           seed: int = 0) -> None:
+    """An edge list source with float16 ``features.npy`` (as ogbn-papers100M ships them) and
+    ``labels.npy``: edges join nodes of one class and a row's class column is raised, so a
+    model can learn it."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(num_nodes) % num_classes
+    src = rng.integers(0, num_nodes, 8 * num_nodes)
+    dst = (src + num_classes * rng.integers(1, num_nodes // num_classes, src.size)) % num_nodes  # same class
+    directory.mkdir(parents=True, exist_ok=True)
+    np.savetxt(directory / "edges.txt", np.stack([src, dst], 1), fmt="%d")
+    features = rng.normal(0, 1, (num_nodes, feature_dim))
+    features[np.arange(num_nodes), labels] += 2
+    np.save(directory / "features.npy", features.astype(np.float16))
+    np.save(directory / "labels.npy", labels.astype(np.int64))
+
+
+@pytest.fixture(scope="session")
+def float16_store(tmp_path_factory) -> Path:
+    """A store converted from `write_float16_edgelist`'s source: its features stay float16."""
+    import graphstore
+
+    root = tmp_path_factory.mktemp("float16")
+    write_float16_edgelist(root / "src")
+    out = root / "f16.gs"
+    graphstore.convert(root / "src", out, num_partitions=4, partitioner="random", seed=1)
+    with graphstore.open(out) as store:
+        assert store.manifest.feature_dtype == "float16"
+    return out

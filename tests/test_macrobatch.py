@@ -214,3 +214,34 @@ def test_the_loaders_epoch_stats_count_the_rows_macro_batching_reads(cora, prefe
         assert io.bytes_read == structure + fetched.bytes_read
         assert io.read_seconds >= fetched.read_seconds > 0
     assert [s.bytes_read > 0 for s in data.epoch_stats] == [True, True]
+
+
+F16_LOADERS = [
+    {"scheme": "minibatch"},
+    {"scheme": "megabatch", "capacity": 2},
+    {"scheme": "disk", "capacity": 2},
+    {"scheme": "microbatch", "micro_batches": 2},
+    {"scheme": "macrobatch", "macro_batches": 2},
+    {"scheme": "macrobatch", "macro_batches": 2, "feature_cache_bytes": 100 * 16 * 2},
+    {"scheme": "macrobatch", "macro_batches": 2, "feature_cache_bytes": 100 * 16 * 2, "feature_cache": "lru",
+     "prefetch": False},
+]
+
+
+@pytest.mark.parametrize("kw", F16_LOADERS, ids=lambda kw: "-".join(str(v) for v in kw.values()))
+def test_float16_rows_come_back_as_stored_in_every_scheme(float16_store, kw):
+    """One dtype: every scheme gives the stored float16 rows (macro-batching with a feature
+    cache gave float32; issue 31, 8), and the model takes them (upcast where it consumes them)."""
+    with graphstore.open(float16_store) as store:
+        stored = torch.from_numpy(np.asarray(store.features[...]))
+        model = GNN("sage", in_dim=store.feature_dim, hidden_dim=8, out_dim=store.num_classes, num_layers=2)
+        data = NodeLoader(store, split="test", fanouts=(5, 5), batch_size=128, seed=7, **kw)
+        for epoch in range(2):  # the second epoch's rounds hit the cache
+            for batch in data.epoch(epoch):
+                assert batch.features.dtype == torch.float16
+                assert torch.equal(batch.features, stored[batch.store_ids])
+                out = model(batch.features, batch.dense)
+                assert out.dtype == torch.float32
+                assert torch.allclose(out, model(batch.features.float(), batch.dense))
+        if "feature_cache_bytes" in kw:
+            assert data.fetch_stats.cache_hits > 0

@@ -61,35 +61,37 @@ class FeatureCache:
     Parameters
     ----------
     dim : int
-        Features per row (float32).
+        Features per row.
     capacity_bytes : int
-        Most bytes of rows held (rows of ``4 * dim`` bytes).
+        Most bytes of rows held (rows of ``dim * dtype.itemsize`` bytes).
     policy : {"belady", "lru"}
         What to keep; see the module docstring.
+    dtype : numpy dtype
+        Of the rows, as fetched (float16 features stay float16: half the bytes, twice the rows).
     """
 
-    def __init__(self, dim: int, capacity_bytes: int, policy: str = "belady") -> None:
+    def __init__(self, dim: int, capacity_bytes: int, policy: str = "belady", dtype=np.float32) -> None:
         if policy not in CACHE_POLICIES:
             raise ConfigError(f"feature cache policy must be one of {', '.join(CACHE_POLICIES)} (got {policy!r})")
         if capacity_bytes < 0:
             raise ConfigError(f"feature cache bytes must be >= 0 (got {capacity_bytes})")
-        self.dim, self.policy = dim, policy
-        self.capacity = int(capacity_bytes) // (4 * dim)
+        self.dim, self.policy, self.dtype = dim, policy, np.dtype(dtype)
+        self.capacity = int(capacity_bytes) // (self.dtype.itemsize * dim)
         self.ids = np.empty(0, dtype=np.int64)
         """Cached store ids, ascending."""
-        self.rows = np.empty((0, dim), dtype=np.float32)
+        self.rows = np.empty((0, dim), dtype=self.dtype)
         self.last_use = np.empty(0, dtype=np.int64)
         self._round = 0
 
     def serve(self, union: np.ndarray, future: Sequence[np.ndarray],
               fetch: Callable[[np.ndarray], np.ndarray], stats: CacheStats) -> np.ndarray:
-        """float32 [len(union), D]: the rows of ``union`` (ascending store ids), the cached
-        ones from memory and the rest through ``fetch``; then keep what the policy says.
+        """[len(union), D] of the cache's dtype: the rows of ``union`` (ascending store ids), the
+        cached ones from memory and the rest through ``fetch``; then keep what the policy says.
 
         ``future`` holds the unions of the rounds known to come, in order (Belady's input;
         LRU ignores it).
         """
-        out = np.empty((union.size, self.dim), dtype=np.float32)
+        out = np.empty((union.size, self.dim), dtype=self.dtype)
         pos = np.searchsorted(self.ids, union)
         hit = np.zeros(union.size, dtype=bool)
         inside = pos < self.ids.size

@@ -44,7 +44,7 @@ from graphstore.layout.store import Store
 from graphstore.loaders.batches import NodeBatch
 from graphstore.loaders.feature_cache import CacheStats, FeatureCache
 
-__all__ = ["DEFAULT_CACHE_LOOKAHEAD", "FeatureFetch", "FetchStats", "MacroBatchGather"]
+__all__ = ["DEFAULT_CACHE_LOOKAHEAD", "FeatureFetch", "FetchStats", "MacroBatchGather", "fetch_dtype"]
 
 DEFAULT_CACHE_LOOKAHEAD = 32
 """Mini-batches a Belady feature cache sees ahead (their samples are held in memory)."""
@@ -105,6 +105,9 @@ class FeatureFetch:
         self.feature_dim = store.feature_dim
         self.dim = store.feature_dim * len(self.arrays)
         """Width of a fetched row."""
+        self.dtype = np.result_type(*(store.array(name).dtype for name in self.arrays))
+        """dtype of a fetched row: the features' (float16 stays float16), float32 with the
+        aggregates beside them (they are stored float32)."""
 
     def __call__(self, ids: np.ndarray, stats: FetchStats) -> np.ndarray:
         """[len(ids), dim]: the rows of ``ids`` (ascending, distinct)."""
@@ -135,17 +138,18 @@ class _Round:
     ids: list[np.ndarray]
     feature_dim: int
     """Columns of ``rows`` that are features; the rest, if any, the stored aggregates."""
+    feature_dtype: torch.dtype
+    """The store's features' dtype: a batch's features come in it, whatever the rows were
+    held in (float32 beside the aggregates, or from a distributed fetch)."""
 
     def batches(self) -> Iterator[NodeBatch]:
+        d = self.feature_dim
         for s, mine in zip(self.sampled, self.ids):
             g = s.graph
             rows = self.rows.index_select(0, torch.from_numpy(np.searchsorted(self.union, mine)))
             labels = g.labels.index_select(0, s.dense.targets).long()
-            if rows.shape[1] == self.feature_dim:
-                yield NodeBatch(s.dense, rows, labels, g)
-            else:
-                d = self.feature_dim
-                yield NodeBatch(s.dense, rows[:, :d], labels, g, aggregated=rows[:, d:])
+            features = rows[:, :d].to(self.feature_dtype)  # exact: float16 values widened, then narrowed back
+            yield NodeBatch(s.dense, features, labels, g, aggregated=rows[:, d:] if rows.shape[1] > d else None)
 
 
 _END = object()
@@ -158,6 +162,11 @@ def _timed(wait, stats: FetchStats):
         return wait()
     finally:
         stats.stall_seconds += time.perf_counter() - t0
+
+
+def fetch_dtype(fetch) -> np.dtype:
+    """dtype of the rows ``fetch`` returns (an injected fetch without ``dtype``: float32)."""
+    return np.dtype(getattr(fetch, "dtype", np.float32))
 
 
 def _sample_bytes(dense) -> int:
@@ -202,7 +211,8 @@ class MacroBatchGather:
         `FeatureFetch`) into the batches' ``aggregated``.
     fetch : optional
         What reads a round's rows instead of a `FeatureFetch` of ``store``: an object with
-        its interface (``dim``, ``feature_dim``, ``__call__(ids, stats) -> rows``) and
+        its interface (``dim``, ``feature_dim``, optionally ``dtype`` (default float32),
+        ``__call__(ids, stats) -> rows``) and
         optionally ``finish(stats)``, called once after the epoch's last round (from the
         thread that fetched). The distributed fetch
         (`graphstore.distributed.feature_fetch.PartitionedFetch`) is injected here, so this
@@ -222,6 +232,9 @@ class MacroBatchGather:
         self.fetch = FeatureFetch(store, aggregated) if fetch is None else fetch
         if cache is not None and cache.dim != self.fetch.dim:
             raise ConfigError(f"the feature cache holds rows of width {cache.dim}; the fetch reads {self.fetch.dim}")
+        if cache is not None and cache.dtype != fetch_dtype(self.fetch):
+            raise ConfigError(f"the feature cache holds {cache.dtype} rows; the fetch reads {fetch_dtype(self.fetch)}")
+        self.feature_dtype = getattr(torch, str(np.dtype(store.manifest.feature_dtype or "float32")))
         self.macro_batches, self.macro_batch_bytes, self.prefetch = macro_batches, macro_batch_bytes, prefetch
         self.cache, self.cache_lookahead = cache, cache_lookahead
         self.stats = FetchStats()
@@ -336,7 +349,7 @@ class MacroBatchGather:
         ``macro_batch_bytes`` (at least one)."""
         if self.macro_batch_bytes is None:
             return [(0, len(ids), np.unique(np.concatenate(ids)))]
-        row_bytes = 4 * self.fetch.dim
+        row_bytes = fetch_dtype(self.fetch).itemsize * self.fetch.dim
         rounds, start = [], 0
         while start < len(ids):
             stop, union = start + 1, np.unique(ids[start])
@@ -353,4 +366,5 @@ class MacroBatchGather:
                stats: FetchStats) -> _Round:
         stats.mini_batches += stop - start
         stats.rows_requested += sum(int(mine.size) for mine in macro.ids[start:stop])
-        return _Round(rows, union, macro.sampled[start:stop], macro.ids[start:stop], self.fetch.feature_dim)
+        return _Round(rows, union, macro.sampled[start:stop], macro.ids[start:stop], self.fetch.feature_dim,
+                      self.feature_dtype)

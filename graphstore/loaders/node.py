@@ -15,7 +15,13 @@ from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
 from graphstore.loaders.base import BufferedLoader
 from graphstore.loaders.feature_cache import FeatureCache
-from graphstore.loaders.macro import DEFAULT_CACHE_LOOKAHEAD, FetchStats, MacroBatchGather
+from graphstore.loaders.macro import (
+    DEFAULT_CACHE_LOOKAHEAD,
+    FeatureFetch,
+    FetchStats,
+    MacroBatchGather,
+    fetch_dtype,
+)
 from graphstore.loaders.schemes import SCHEMES
 from graphstore.loaders.settings import NodeLoaderSettings
 from graphstore.loaders.shard import Shard
@@ -257,7 +263,8 @@ class NodeLoader(BufferedLoader):
             raise ConfigError("feature_fetch runs in the prefetch thread: give prefetch=True")
         if fetch is not None and fetch.dim != width:
             raise ConfigError(f"feature_fetch returns rows of width {fetch.dim}; this loader reads {width}")
-        cache = None if cache_bytes is None else FeatureCache(width, cache_bytes, cache_policy)
+        fetch = FeatureFetch(self.store, aggregated) if fetch is None else fetch
+        cache = None if cache_bytes is None else FeatureCache(width, cache_bytes, cache_policy, fetch_dtype(fetch))
         return MacroBatchGather(self.store, macro_batches=macro_batches, macro_batch_bytes=budget,
                                 prefetch=self.prefetch, cache=cache, cache_lookahead=lookahead,
                                 aggregated=aggregated, fetch=fetch)

@@ -637,7 +637,8 @@ class GNN(nn.Module):
         Parameters
         ----------
         h : float tensor [N, in_dim]
-            Input rows: in ``dense.node_ids`` order, or ``blocks[0].src_nodes`` order.
+            Input rows: in ``dense.node_ids`` order, or ``blocks[0].src_nodes`` order; any
+            float dtype (a float16 store's rows as read), cast to the model's.
         structure : DENSE or list of Block
             Layer ``k`` reads ``dense.layer(k)`` or ``blocks[k]``.
         edge_type : int64 tensor or sequence of them, RGCN only
@@ -664,8 +665,12 @@ class GNN(nn.Module):
             views = [layer_view(structure.layer(k)) for k in range(structure.num_layers)]
         else:
             views = [layer_view(b) for b in structure]
+        # Rows come as the store holds them (float16 features, float32 aggregates): the
+        # first layer computes in the model's dtype.
+        h = self._as_model_dtype(h)
         layers = list(self.layers)
         if aggregated is not None:
+            aggregated = self._as_model_dtype(aggregated)
             if self.kind not in AGGREGATE_FOR:
                 raise ConfigError(f"a {self.kind} model cannot take stored aggregates (only "
                                   f"{', '.join(AGGREGATE_FOR)}: their first layer is linear in the neighbours)")
@@ -704,6 +709,10 @@ class GNN(nn.Module):
             if k < len(layers) - 1:
                 h = self._between(h)
         return h
+
+    def _as_model_dtype(self, rows: torch.Tensor) -> torch.Tensor:
+        dtype = next(self.parameters()).dtype
+        return rows.to(dtype) if rows.is_floating_point() and rows.dtype != dtype else rows
 
     def _between(self, h: torch.Tensor) -> torch.Tensor:
         """What follows every layer but the last: the activation, then dropout."""

@@ -442,3 +442,30 @@ def test_macro_batchings_reads_are_the_epochs_reads(cora_store, tmp_path, capsys
     assert len(shown) == 1 and f"read {second['io']['bytes_read'] / 2**20:.1f} MiB" in shown[0]
     assert "read 0.0 MiB" not in shown[0]
     assert graphstore.plot.read_run(out).bytes_read[1] == second["macro_batching"]["bytes_read"]
+
+
+@pytest.mark.parametrize("extra", [["--scheme", "minibatch"], ["--scheme", "megabatch", "--buffer-partitions", 2],
+                                   ["--scheme", "disk", "--buffer-partitions", 2],
+                                   ["--scheme", "microbatch", "--micro-batches", 2],
+                                   ["--scheme", "macrobatch", "--macro-batches", 2],
+                                   ["--scheme", "macrobatch", "--feature-cache-bytes", "4KiB"],
+                                   ["--scheme", "macrobatch", "--aggregation-cache"]],
+                         ids=lambda extra: "-".join(str(a).lstrip("-") for a in extra))
+def test_a_float16_store_trains_in_every_scheme(float16_store, tmp_path, extra):
+    """float16 features without --normalize-features row: one epoch of every scheme, no
+    dtype mismatch in the first layer (issue 31, 8)."""
+    import shutil
+
+    from graphstore.inference import aggregate_store
+
+    store = float16_store
+    if "--aggregation-cache" in extra:  # a private copy: the aggregate is written into the store
+        store = tmp_path / "f16.gs"
+        shutil.copytree(float16_store, store)
+        aggregate_store(store, "mean")
+    out = tmp_path / "m.json"
+    assert run(["--store", store, "--epochs", 1, "--metrics-out", out, "--fanouts", "5,5", "--hidden", "16",
+                "--normalize-features", "none", *extra]) == 0
+    m = read(out)
+    assert math.isfinite(m["epochs"][0]["train_loss"])
+    assert m["final"]["test"]["acc"] > 0.5  # 4 classes, the class column raised in every row
