@@ -125,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     inf.add_argument("--checkpoint", required=True, metavar="CKPT",
                      help="a file from graphstore.inference.save_model, or a trainer's --checkpoint-dir")
     inf.add_argument("--split", default="test", help="node split whose outputs to write, or 'all' (default test)")
-    inf.add_argument("--out", required=True, metavar="OUT",
+    inf.add_argument("--out", required=True, metavar="OUT", type=_outputs_file,
                      help="OUT.npy: the outputs [n, C] in the split's order (ascending store ids); "
                           "OUT.npz: also ids, source_ids and predictions")
     held = inf.add_mutually_exclusive_group()
@@ -185,6 +185,15 @@ def _parser() -> argparse.ArgumentParser:
     fig.add_argument("-o", "--out", required=True, metavar="OUT.png", help="the PNG to write")
     fig.add_argument("--dpi", type=positive_int, default=110, help="resolution (default 110)")
     return parser
+
+
+def _outputs_file(text: str) -> str:
+    """``graphstore infer --out``: checked before the walk, which np.save's added suffix
+    would otherwise fail only after the whole inference."""
+    if Path(text).suffix not in (".npy", ".npz"):
+        raise argparse.ArgumentTypeError(f"{text!r} must end in .npy (the outputs) or .npz (with ids, "
+                                         "source_ids and predictions)")
+    return text
 
 
 def _id_list(text: str) -> list[int]:
@@ -319,12 +328,15 @@ def _run_infer(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp{out.suffix}")
-        if out.suffix == ".npz":
-            np.savez(tmp, ids=ids, source_ids=store.to_source_ids(ids), logits=logits,
-                     predictions=logits.argmax(1))
-        else:
-            np.save(tmp, logits)
-        os.replace(tmp, out)  # whole or not at all
+        try:
+            if out.suffix == ".npz":
+                np.savez(tmp, ids=ids, source_ids=store.to_source_ids(ids), logits=logits,
+                         predictions=logits.argmax(1))
+            else:
+                np.save(tmp, logits)
+            os.replace(tmp, out)  # whole or not at all
+        finally:
+            tmp.unlink(missing_ok=True)  # a failed write (disk full) leaves nothing behind
     print(f"{args.store}: {model.kind} x{model.num_layers} over every node, {len(ids):,} rows of {args.split!r} "
           f"to {out}; read {stats.bytes_read / 2**20:.1f} MiB (plan {stats.planned_bytes / 2**20:.1f} MiB), "
           f"{'/'.join(map(str, stats.capacities))} partitions resident per layer, {stats.seconds:.1f} s")

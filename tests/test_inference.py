@@ -170,6 +170,47 @@ def test_infer_from_a_trainer_checkpoint(cora, tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "all.npy"), want)
 
 
+def test_infer_refuses_what_does_not_fit_in_one_line_before_any_work(cora, tmp_path, capsys):
+    """Another store's trainer checkpoint, a saved model whose in_dim is not the features'
+    width, an --out without .npy/.npz: one line each, before the walk (its work directory
+    is never made) and with no temporary output left behind."""
+    import sys
+
+    from graphstore.cli import main
+    from graphstore.inference import save_model
+    from graphstore.layout._convert import ConvertOptions, convert
+    from tests.conftest import make_graph
+
+    sys.path.insert(0, str(REPO))
+    from trainers import common
+    from trainers import node_classification as nc
+
+    graph, _ = make_graph(num_nodes=200, num_edges=900, feature_dim=5, num_classes=3)
+    other = tmp_path / "other.gs"
+    convert(graph, other, ConvertOptions(num_partitions=2, partitioner="random"))
+    ckpt = tmp_path / "ckpt"
+    assert common.run(nc.PROG, nc.main, ["--store", str(other), "--epochs", "1", "--fanouts", "3,3",
+                                         "--hidden", "8", "--checkpoint-dir", str(ckpt)]) == 0
+    save_model(GNN("gcn", in_dim=5, hidden_dim=8, out_dim=cora.num_classes, num_layers=2), tmp_path / "m.pt")
+    work, out = tmp_path / "work", tmp_path / "p.npy"
+    d = cora.feature_dim
+    for checkpoint, problem in [(ckpt, f"layers.0.fc_self.weight is [8, 5] in the file but [8, {d}] for {cora.path}"),
+                                (tmp_path / "m.pt", f"m.pt: in_dim is 5 but {cora.path} has {d} features")]:
+        capsys.readouterr()
+        assert main(["infer", str(cora.path), "--checkpoint", str(checkpoint), "--out", str(out),
+                     "--work-dir", str(work)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("graphstore infer: error: ") and err.count("\n") == 1 and problem in err, err
+    assert not work.exists() and not out.exists()
+    save_model(GNN("gcn", in_dim=d, hidden_dim=8, out_dim=cora.num_classes, num_layers=2), tmp_path / "fits.pt")
+    with pytest.raises(SystemExit) as exited:
+        main(["infer", str(cora.path), "--checkpoint", str(tmp_path / "fits.pt"), "--out", str(tmp_path / "preds"),
+              "--work-dir", str(work)])
+    assert exited.value.code == 2
+    assert "argument --out: " in capsys.readouterr().err
+    assert not work.exists() and not list(tmp_path.glob("*preds*")) and not list(tmp_path.glob(".*"))
+
+
 def test_a_changed_spilled_accumulator_is_refused(tmp_path):
     from graphstore.inference.layerwise import _restore, _spill
     from graphstore.nn import SAGEConv

@@ -38,8 +38,11 @@ def load_model(path: str | os.PathLike, store: Store | None = None) -> tuple[GNN
     Raises
     ------
     ConfigError
-        The file is missing, unreadable, or neither kind; or a trainer checkpoint without
-        ``store`` (its widths come from the store).
+        The file is missing, unreadable, or neither kind; a trainer checkpoint without
+        ``store`` (its widths come from the store); or, with ``store``, a model that does
+        not fit it (another store's checkpoint, an ``in_dim`` that is not the store's
+        feature width, fewer RGCN relations than the store has): checked here, before any
+        inference starts.
     """
     path = Path(path)
     if path.is_dir():
@@ -54,7 +57,9 @@ def load_model(path: str | os.PathLike, store: Store | None = None) -> tuple[GNN
         raise ConfigError(f"{path}: cannot read the model ({exc})") from None
     if isinstance(saved, dict) and saved.get("format") == FORMAT:
         model = GNN(**saved["gnn"])
-        model.load_state_dict(saved["state_dict"])
+        _load_weights(model, saved["state_dict"], path, "the file's own hyperparameters")
+        if store is not None:
+            _check_fits(model, store, path)
         return model, {}
     if isinstance(saved, dict) and "model" in saved and isinstance(saved.get("config"), dict):
         config = saved["config"]
@@ -64,6 +69,36 @@ def load_model(path: str | os.PathLike, store: Store | None = None) -> tuple[GNN
             raise ConfigError(f"{path}: a link-prediction or foreign checkpoint (no node-classification model)")
         model = GNN(config["model"], in_dim=store.feature_dim, hidden_dim=config["hidden"],
                     out_dim=store.num_classes, num_layers=config["num_layers"], heads=config.get("heads", 1))
-        model.load_state_dict(saved["model"])
+        trained_on = config.get("store", "another store")
+        _load_weights(model, saved["model"], path,
+                      f"{store.path} ({store.feature_dim} features, {store.num_classes} classes; "
+                      f"the checkpoint was trained on {trained_on})")
         return model, config
     raise ConfigError(f"{path}: not a graphstore model (neither save_model's format nor a trainer checkpoint)")
+
+
+def _load_weights(model: GNN, state: dict[str, torch.Tensor], path: Path, expected: str) -> None:
+    """``state`` into ``model``, a mismatch named in one line (torch's message lists every
+    tensor over many lines, as a traceback)."""
+    mine = model.state_dict()
+    for name, tensor in state.items():
+        if name in mine and tuple(tensor.shape) != tuple(mine[name].shape):
+            raise ConfigError(f"{path}: {name} is {list(tensor.shape)} in the file but "
+                              f"{list(mine[name].shape)} for {expected}")
+    missing, unexpected = sorted(set(mine) - set(state)), sorted(set(state) - set(mine))
+    if missing or unexpected:
+        what = f"no {missing[0]}" if missing else f"an unexpected {unexpected[0]}"
+        raise ConfigError(f"{path}: the weights do not fit a {model.kind} x{model.num_layers} ({what})")
+    model.load_state_dict(state)
+
+
+def _check_fits(model: GNN, store: Store, path: Path) -> None:
+    """A `save_model` file against the store it is to run on: the first layer reads the
+    store's feature rows, an RGCN a weight per stored relation type."""
+    hp = model.hyperparameters
+    if store.manifest.has_features and hp["in_dim"] != store.feature_dim:
+        raise ConfigError(f"{path}: in_dim is {hp['in_dim']} but {store.path} has {store.feature_dim} "
+                          "features (a model trained on another store?)")
+    if model.kind == "rgcn" and hp["num_relations"] < store.num_relations:
+        raise ConfigError(f"{path}: num_relations is {hp['num_relations']} but {store.path} has "
+                          f"{store.num_relations} relation types")
