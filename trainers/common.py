@@ -252,6 +252,15 @@ def default_buffer(args: Any, *, whole_graph: bool, saved: dict[str, Any] | None
         return ({"buffer_bytes": saved.get("buffer_bytes"), "buffer_partitions": saved.get("buffer_partitions")},
                 "the resumed checkpoint's")
     budget = memory_budget()
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        # Every rank must plan the same buffer (their steps are matched one for one), and
+        # each reads its own free memory at its own moment: all take the least of them.
+        least = torch.tensor([budget.bytes], dtype=torch.int64)
+        torch.distributed.all_reduce(least, op=torch.distributed.ReduceOp.MIN)
+        if int(least) != budget.bytes:
+            return ({"buffer_bytes": int(least)},
+                    f"the least of {torch.distributed.get_world_size()} ranks' defaults ({budget.rule} on this one)")
+        return {"buffer_bytes": budget.bytes}, f"{budget.rule}, the least of {torch.distributed.get_world_size()} ranks"
     return {"buffer_bytes": budget.bytes}, budget.rule
 
 

@@ -51,6 +51,7 @@ from graphstore.distributed import (
     load_block_data,
     load_rank_graph,
 )
+from graphstore.distributed.agreement import check_ranks_agree
 from graphstore.distributed.comm import DEFAULT_TIMEOUT_S
 from graphstore.distributed.sar import DEFAULT_EDGE_CHUNK
 from graphstore.errors import ConfigError
@@ -153,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     store = open_store(args.store)
     if not store.manifest.has_features or not store.manifest.has_labels:
         raise ConfigError(f"{args.store}: node classification needs features and labels")
+    check_ranks_agree(args.to_dict(), store)  # before any rank loads its block
     t0 = time.perf_counter()
     graph = load_rank_graph(store, rank, world, device=device)
     data = load_block_data(store, graph, dtype=dtype)

@@ -115,6 +115,7 @@ from graphstore.distributed import (
     sync_ranks,
     wrap_model,
 )
+from graphstore.distributed.agreement import check_ranks_agree
 from graphstore.distributed.data_parallel import dropout_salt, step_targets
 from graphstore.errors import ConfigError
 from graphstore.inference import infer_layerwise, min_buffer_bytes
@@ -869,6 +870,7 @@ def _train(args: LinkPredictionOptions) -> int:
         state = ckpt.load(path) if args.resume else None
         args, derived = resolve_defaults(args, store, None if state is None else state["config"])
         config = dataclasses.replace(resolve_config(args, store), world_size=world, derived=derived)
+        check_ranks_agree(config.to_dict(), store)  # before any rank opens the store to train
         store.close()
         store = open_for_run(args, config.learnable_embeddings)
         if state is not None:

@@ -92,6 +92,7 @@ from torch.nn import functional as F
 
 import graphstore
 from graphstore.buffer import POLICIES as POLICY_REGISTRY
+from graphstore.distributed.agreement import check_ranks_agree
 from graphstore.distributed.data_parallel import (
     all_reduce_values,
     dropout_salt,
@@ -653,6 +654,7 @@ def _train(args: NodeClassificationOptions) -> int:
         state = ckpt.load(path) if args.resume else None
         args, derived = resolve_defaults(args, store, None if state is None else state["config"])
         config = dataclasses.replace(resolve_config(args, store), world_size=world, derived=derived)
+        check_ranks_agree(config.to_dict(), store)  # before any rank reads data to train
         common.seed_everything(args.seed)  # model initialisation (the same on every rank)
         model = GNN(args.model, in_dim=store.feature_dim, hidden_dim=args.hidden, out_dim=store.num_classes,
                     num_layers=len(args.fanouts), dropout=args.dropout, heads=args.heads).to(device)

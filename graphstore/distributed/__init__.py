@@ -12,6 +12,7 @@ share of every epoch, steps padded to equal counts, the union's mean loss; link
 prediction's embeddings owned by partition or replicated).
 `feature_fetch`: BatchGNN's distributed fetch for macro-batching (each rank holds its
 partitions' feature rows; a round's union comes from the owners in one collective round).
+`agreement`: ranks refuse to train unless they agree on the store and the settings.
 """
 
 from graphstore.distributed.batchnorm import distributed_batch_norm
