@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import numpy as np
 import zarr
 
@@ -48,13 +49,27 @@ def _iter_chunks(store: Store, name: str) -> Iterator[tuple[int, int, np.ndarray
     for index, start in enumerate(range(0, arr.shape[0], step)):
         coords = (index,) + (0,) * (arr.ndim - 1)
         where = f"{name} chunk {'/'.join(map(str, coords))}"
-        if not _chunk_file(store.path, name, coords).is_file():
+        path = _chunk_file(store.path, name, coords)
+        if not path.is_file():
             raise CorruptStoreError(f"{store.path}: {where}: chunk file is missing")
         try:
             rows = arr[start : start + step]
         except ValueError as exc:  # the crc32c codec's mismatch
-            raise CorruptStoreError(f"{store.path}: {where}: {exc}") from None
+            raise CorruptStoreError(f"{store.path}: {where}: {_checksum_problem(path) or exc}") from None
         yield index, start, rows
+
+
+def _checksum_problem(path: Path) -> str | None:
+    """A chunk file's failed crc32c in the words of every other read (zarr's message shows
+    the checksums as raw bytes); None when the checksum holds (another failure)."""
+    data = path.read_bytes()
+    if len(data) < 4:
+        return None
+    # The crc32c codec is the last one: the file's last 4 bytes, little-endian, check the rest.
+    stored, computed = int.from_bytes(data[-4:], "little"), crc32c.crc32c(data[:-4])
+    if stored == computed:
+        return None
+    return f"checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
 
 
 def _all_arrays(group: zarr.Group, prefix: str = "") -> list[str]:

@@ -3,11 +3,13 @@ the array and chunk."""
 
 from __future__ import annotations
 
+import re
 
 import numpy as np
 import pytest
 import zarr
 
+import graphstore
 from graphstore.errors import CorruptStoreError
 from graphstore.layout._convert import ConvertOptions, convert
 from graphstore.layout._verify import store_summary, verify_store
@@ -36,6 +38,22 @@ def test_flipped_byte_is_caught_and_named(copy, array, chunk):
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptStoreError, match=f"{array} chunk {chunk}: .*checksum"):
         verify_store(copy)
+
+
+def test_a_checksum_mismatch_is_worded_as_every_read_words_it(copy):
+    """verify names a failed chunk checksum in hex, as the trainers' reads do, not as zarr's
+    raw bytes (``Stored: b'}\\x1fP\\xe7'``): the same two numbers either way."""
+    path = copy / "nodes" / "labels" / "c" / "0"
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptStoreError) as verified:
+        verify_store(copy)
+    with graphstore.open(copy) as store, pytest.raises(CorruptStoreError) as read:
+        store.read_rows("nodes/labels", 0, store.num_nodes)
+    pair = r"checksum mismatch \(stored (0x[0-9a-f]{8}), computed (0x[0-9a-f]{8})\)"
+    assert "b'" not in str(verified.value) and 'b"' not in str(verified.value)
+    assert re.search(pair, str(verified.value)).groups() == re.search(pair, str(read.value)).groups()
 
 
 def test_missing_chunk_file(copy):
