@@ -617,10 +617,29 @@ def test_edgelist_directory_with_features_and_labels(tmp_path, small_chunks):
 
 def test_edgelist_extra_columns_ignored(tmp_path):
     (tmp_path / "w.tsv").write_text("0\t1\t0.5\n1\t2\t0.25\n2\t0\t1.0\n")
-    g = read(tmp_path / "w.tsv", tmp_path, options={"directed": True})
+    with pytest.warns(UserWarning) as said:
+        g = read(tmp_path / "w.tsv", tmp_path, options={"directed": True})
+    # Once, naming the file and what is dropped: a typed or weighted graph must not turn
+    # into a plain one without a word.
+    assert len(said) == 1
+    assert str(said[0].message).startswith(f"{tmp_path / 'w.tsv'}: column 3 ignored (line 1: '0.5')")
     assert g.extra["ignored_columns"] == 1 and g.directed and g.num_nodes == 3
     # Three distinct edges: 5 % and 10 % of them round down to nothing held out.
     assert all_edges(g)[0].tolist() == [0, 1, 2] and len(g.edge_splits["valid"].src) == 0
+
+
+def test_a_wrong_format_for_an_archive_names_the_archive(tmp_path):
+    """The reader looks inside the archive's extraction, a temporary directory deleted by
+    the time the user reads the message: the message names the archive instead."""
+    make_edgelist_dir(tmp_path / "mygraph")
+    archive = tmp_path / "mygraph.tar.gz"
+    with tarfile.open(archive, "w:gz") as tf:
+        tf.add(tmp_path / "mygraph", arcname="mygraph")
+    for fmt in ("npz", "planetoid", "ogb", "kg"):
+        with pytest.raises(SourceNotFoundError) as raised:
+            read(archive, tmp_path, format=fmt)
+        message = str(raised.value)
+        assert f"{archive}/mygraph" in message and str(tmp_path / "work") not in message, message
 
 
 # --------------------------------------------------------------------------- conformance

@@ -290,7 +290,14 @@ def read_source(
             )
     ctx = ReadContext(origin=origin, work_dir=work_dir, seed=int(seed), options=opts,
                       archive_root=archive_root)
-    return entry.reader(p, ctx)
+    try:
+        return entry.reader(p, ctx)
+    except SourceError as exc:
+        if archive_root is None or str(archive_root) not in str(exc):
+            raise
+        # A reader that names the extraction (where a wrong --format looked) names a
+        # temporary directory gone by the time the user reads it: name the archive instead.
+        raise type(exc)(str(exc).replace(str(archive_root), origin)) from None
 
 
 register_reader("edgelist", read_edgelist, options=("features", "labels", "num_nodes"),

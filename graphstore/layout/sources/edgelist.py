@@ -3,11 +3,12 @@
 Accepted: a file (whitespace-, comma- or tab-separated, ``#`` comments, optionally
 gzipped), or a directory with ``edges.{txt,csv,tsv}[.gz]`` and optional
 ``features.npy`` [N, D] and ``labels.npy`` [N]. Columns after the first two (weights,
-timestamps) are ignored.
+timestamps, an edge type) are ignored, with a warning naming the file and the columns.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +22,8 @@ from graphstore.layout.sources._io import (
     feature_chunk_rows,
     find_data_line,
     iter_csv,
-    iter_rows_of,
     iter_data_lines,
+    iter_rows_of,
 )
 from graphstore.layout.sources._splits import link_split, per_class_split
 from graphstore.layout.sources.base import TASK_LINK, TASK_NODE, EdgeChunk, EdgeSplit, SourceGraph
@@ -126,6 +127,8 @@ def read_edgelist(path: Path, ctx: ReadContext) -> SourceGraph:
     if ncols == 1:
         line = find_data_line(file, 0, comment=_COMMENT)
         raise SourceError(f"{display} line {line}: expected 2 columns (source, destination), got 1")
+    if ncols > 2:
+        _warn_dropped_columns(file, display, sep, ncols)
     # Two columns are checked strictly; with more (weights, timestamps) only the two id
     # columns are parsed, and pandas then tolerates ragged extra columns.
     read = dict(ncols=max(ncols, 2), dtype=np.int64, display=display, sep=sep, comment=_COMMENT,
@@ -235,6 +238,18 @@ def read_edgelist(path: Path, ctx: ReadContext) -> SourceGraph:
         describe_feature_row=lambda i: f"row {i}",
         extra={"edge_lines": int(count), "ignored_columns": max(0, ncols - 2)},
     )
+
+
+def _warn_dropped_columns(file: Path, display: str, sep: str, ncols: int) -> None:
+    """Once per read: a type or weight column dropped without a word would turn a typed or
+    weighted graph into a plain one."""
+    lineno, _, text = next(iter_data_lines(file, comment=_COMMENT, skip_blank=True, display=display))
+    fields = text.split() if sep == r"\s+" else text.split(sep)
+    dropped = " ".join(field.strip() for field in fields[2:])
+    which = "column 3" if ncols == 3 else f"columns 3-{ncols}"
+    warnings.warn(f"{display}: {which} ignored (line {lineno}: {dropped!r}): an edge list keeps source "
+                  "and destination only; typed edges convert as head/relation/tail triples (--format kg)",
+                  stacklevel=4)
 
 
 def _resolve_num_nodes(ctx: ReadContext, features, labels, files: dict, max_id: int) -> int:
