@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -414,6 +415,11 @@ def main(argv: list[str] | None = None) -> int:
                 "aggregate": _run_aggregate, "plot": _run_plot}
     try:
         return handlers[args.command](args)
+    except BrokenPipeError:
+        # `graphstore info X | head`: the reader has gone, as it may; stop as Unix tools do.
+        # Stdout goes to /dev/null so the interpreter's last flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except GraphStoreError as exc:
         print(f"graphstore {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -60,6 +60,18 @@ def test_errors_are_one_line_exit_1(edge_list, tmp_path):
     assert "edges/src chunk 0" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+def test_a_reader_that_stops_reading_ends_the_output_quietly(edge_list, tmp_path):
+    """``graphstore info X | head``: a closed pipe ends the command as it ends `cat`, without
+    an error line (SIGPIPE's status, 141)."""
+    out = tmp_path / "g.gs"
+    run("convert", edge_list, out, "--partitions", "2")
+    with subprocess.Popen([sys.executable, "-m", "graphstore", "info", str(out)], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        proc.stdout.close()  # the reader is gone before the first line is written
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=300) == 141 and err == ""
+
+
 def test_bad_usage_exits_2(tmp_path):
     run("convert", check_code=2)
     run("convert", "a", "b", "--partitions", "0", check_code=2)
