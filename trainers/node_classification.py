@@ -702,7 +702,8 @@ def _train(args: NodeClassificationOptions) -> int:
             common.set_rng_state(state["rng"])
             start_epoch, history, resumed_from = state["epoch"] + 1, state["history"], state["epoch"]
             best_state = state.get("best_model")
-            say(f"resumed from {path} (epoch {state['epoch']} done)", flush=True)
+            # 1-based, as the epoch lines say it ("epoch 3/4"): the checkpoint stores it 0-based.
+            say(f"resumed from {path} (epoch {state['epoch'] + 1}/{args.epochs} done)", flush=True)
 
         best = None
         lowest = None  # the lowest validation loss so far: while it falls the model still learns

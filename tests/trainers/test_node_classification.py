@@ -87,7 +87,7 @@ def test_each_scheme_learns_and_writes_the_metrics(cora_store, tmp_path, scheme,
     assert printed.count("\nepoch ") == 3  # one summary line per epoch
 
 
-def test_resume_reaches_the_uninterrupted_result(cora_store, tmp_path):
+def test_resume_reaches_the_uninterrupted_result(cora_store, tmp_path, capsys):
     args = ["--store", cora_store, "--scheme", "megabatch", "--model", "sage", "--dropout", 0.5,
             "--eval-fanouts", "5,5",
             "--fanouts", "5,5", "--hidden", "16", "--batch-size", 64, "--seed", 3, "--buffer-partitions", 2,
@@ -97,8 +97,11 @@ def test_resume_reaches_the_uninterrupted_result(cora_store, tmp_path):
                 "--metrics-out", straight / "m.json"]) == 0
     assert run([*args, "--epochs", 2, "--checkpoint-dir", split]) == 0
     assert (split / "latest").read_text().strip() == "epoch-0001"
+    capsys.readouterr()
     assert run([*args, "--epochs", 4, "--checkpoint-dir", split, "--resume",
                 "--metrics-out", split / "m.json"]) == 0
+    printed = capsys.readouterr().out  # the resume names the epoch as the log does: 1-based
+    assert "(epoch 2/4 done)" in printed and "\nepoch 3/4 " in printed and "\nepoch 2/4 " not in printed
     a, b = read(straight / "m.json"), read(split / "m.json")
     assert b["resumed_from"] == 1
     assert a["final"] == b["final"]
