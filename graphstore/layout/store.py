@@ -438,11 +438,29 @@ class Store:
             raise StoreError(f"{self.path}: the store has no features")
         return self.read_rows("nodes/features", *self.partition_range(k))
 
-    def read_labels(self, k: int) -> np.ndarray:
-        """[P_k] int32 labels of partition ``k`` (verified, as `read_features`)."""
+    def read_labels(self, k: int | np.ndarray | Sequence[int]) -> np.ndarray:
+        """[P_k] int32 labels of partition ``k`` (verified, as `read_features`); given an array
+        of store ids instead (any order, repeats allowed), [n] int32 their labels, read with
+        the partitions that hold them."""
         if not self.manifest.has_labels:
             raise StoreError(f"{self.path}: the store has no labels")
-        return self.read_rows("nodes/labels", *self.partition_range(k))
+        if np.ndim(k) == 0:
+            return self.read_rows("nodes/labels", *self.partition_range(int(k)))
+        ids = np.asarray(k)
+        if ids.size and ids.dtype.kind not in "iu":
+            raise ConfigError(f"{self.path}: read_labels: store ids must be integers (got {ids.dtype})")
+        ids = ids.astype(np.int64, copy=False).reshape(-1)
+        bad = (ids < 0) | (ids >= self.num_nodes)
+        if bad.any():
+            raise ConfigError(f"{self.path}: read_labels: store ids must be in [0, {self.num_nodes}) "
+                              f"(got {int(ids[np.argmax(bad)])})")
+        # Whole partitions, so that each read is checked against its partition's checksum.
+        parts = np.flatnonzero(np.bincount(ids // self.partition_size, minlength=self.num_partitions))
+        rows = self.read_many([("nodes/labels", *self.partition_range(int(j)), None) for j in parts])
+        held = np.concatenate(rows) if rows else np.zeros(0, np.int32)
+        first = np.cumsum([0] + [len(r) for r in rows])[:-1]  # where each read partition starts in held
+        part = ids // self.partition_size
+        return held[first[np.searchsorted(parts, part)] + ids - part * self.partition_size]
 
     def bucket_range(self, i: int, j: int) -> tuple[int, int]:
         """Edge positions ``[start, stop)`` of bucket (i, j): src in partition i, dst in j."""

@@ -50,6 +50,23 @@ def test_partition_reads_and_errors(store_path):
         graphstore.open(store_path, mode="w")
 
 
+def test_labels_of_an_id_array(store_path):
+    """``read_labels`` takes a partition or, as a user reaches for it, an array of store ids
+    in any order (it failed on numpy's "truth value of an array is ambiguous")."""
+    with graphstore.open(store_path) as store:
+        every = np.asarray(store.labels[...])
+        ids = np.array([119, 0, 45, 45, 31, 89])                          # any order, repeats
+        got = store.read_labels(ids)
+        assert got.dtype == np.int32 and np.array_equal(got, every[ids])
+        assert np.array_equal(store.read_labels(ids.tolist()), every[ids])
+        assert np.array_equal(store.read_labels(np.int64(2)), every[60:90])      # a numpy scalar: a partition
+        assert store.read_labels(np.zeros(0, np.int64)).shape == (0,)
+        with pytest.raises(ConfigError, match=r"read_labels: store ids must be in \[0, 120\) \(got 120\)"):
+            store.read_labels(np.array([3, 120]))
+        with pytest.raises(ConfigError, match=r"read_labels: store ids must be integers \(got float64\)"):
+            store.read_labels(np.array([1.5]))
+
+
 def test_missing_path_and_non_store(tmp_path):
     with pytest.raises(StoreNotFoundError, match="no such store"):
         graphstore.open(tmp_path / "absent.gs")
