@@ -5,6 +5,7 @@ over every neighbour; the macrobatch loader reads it with the features and train
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -201,3 +202,37 @@ def test_the_trainer_takes_it(cora_path, tmp_path):
     with pytest.raises(ConfigError, match="row-normalized|--normalize-features"):
         train(["--store", str(cora_path), "--scheme", "macrobatch", "--aggregation-cache",
                "--normalize-features", "row", "--epochs", "1"])
+
+
+def test_a_batch_names_its_aggregate_and_the_model_refuses_another_op(cora_path):
+    """A SAGE model given the stored sum ran without a word (issue 31, 5): the batch carries
+    the aggregate's op and input, and the model refuses an op its first layer does not take."""
+    with graphstore.open(cora_path) as store:
+        kw = {"split": "train", "fanouts": (5,), "batch_size": 64, "scheme": "macrobatch", "seed": 3}
+        model = GNN("sage", in_dim=store.feature_dim, hidden_dim=8, out_dim=store.num_classes, num_layers=2)
+        batch = next(NodeLoader(store, aggregated="sum", **kw).epoch(0))
+        assert (batch.aggregated_from.op, batch.aggregated_from.input) == ("sum", "features")
+        assert batch.aggregated_from.array.endswith("nodes/aggregated_sum")
+        with pytest.raises(ConfigError) as err:
+            model(batch.features, batch.dense, aggregated=batch.aggregated, aggregated_from=batch.aggregated_from)
+        message = str(err.value)
+        assert "\n" not in message and "nodes/aggregated_sum" in message
+        assert "'sum'" in message and "'mean'" in message
+        right = next(NodeLoader(store, aggregated="mean", **kw).epoch(0))
+        out = model(right.features, right.dense, aggregated=right.aggregated, aggregated_from=right.aggregated_from)
+        assert out.shape == (right.dense.num_targets, store.num_classes)
+
+
+def test_the_trainer_refuses_an_aggregate_of_other_inputs(cora_path):
+    """The batch's aggregate was computed from unnormalised rows; a run that row-normalises
+    its inputs must not add the two (issue 31, 5)."""
+    sys.path.insert(0, str(REPO))
+    from trainers import node_classification as nc
+
+    with graphstore.open(cora_path) as store:
+        batch = next(NodeLoader(store, split="train", fanouts=(5,), batch_size=64, scheme="macrobatch",
+                                aggregated="mean").epoch(0))
+    args = nc.NodeClassificationOptions.parse(["--store", str(cora_path), "--normalize-features", "row"])
+    with pytest.raises(ConfigError, match="aggregated_mean.*features.*row-normalized features"):
+        nc.prepare(batch, args)
+    assert nc.prepare(batch, dataclasses.replace(args, normalize_features="none")) is batch

@@ -245,3 +245,22 @@ def test_float16_rows_come_back_as_stored_in_every_scheme(float16_store, kw):
                 assert torch.allclose(out, model(batch.features.float(), batch.dense))
         if "feature_cache_bytes" in kw:
             assert data.fetch_stats.cache_hits > 0
+
+
+@pytest.mark.parametrize("policy", ["lru", "belady"])
+def test_a_named_feature_cache_without_bytes_gets_a_default_size_from_memory(cora, monkeypatch, policy):
+    """``feature_cache="lru"`` without ``feature_cache_bytes`` ran with no cache (issue 31, 5):
+    it now holds every row when they fit the memory default, else that default, and the
+    loader's settings record the figure."""
+    row_bytes = 4 * cora.feature_dim
+    for memory, want in ((1 << 34, cora.num_nodes * row_bytes), (2 << 20, 1 << 20)):
+        monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", str(memory))  # memory_budget: half of it
+        data = loader(cora, scheme="macrobatch", macro_batches=2, feature_cache=policy)
+        assert (data.settings.feature_cache, data.settings.feature_cache_bytes) == (policy, want)
+        assert data.macro.cache.capacity == want // row_bytes
+        for epoch in range(2):
+            for _ in data.epoch(epoch):
+                pass
+        assert data.fetch_stats.cache_hits > 0  # the second epoch's rounds come from memory
+    # No policy and no bytes: no cache, as before.
+    assert loader(cora, scheme="macrobatch").settings.feature_cache_bytes is None

@@ -101,7 +101,7 @@ def child_graphstore(spec: dict) -> dict:
     setup_s = time.perf_counter() - t0
 
     def step(batch) -> tuple[int, int]:
-        out = model(batch.features, batch.dense, aggregated=batch.aggregated)
+        out = model(batch.features, batch.dense, aggregated=batch.aggregated, aggregated_from=batch.aggregated_from)
         loss = F.cross_entropy(out, batch.labels, ignore_index=-1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -135,7 +135,8 @@ def child_graphstore(spec: dict) -> dict:
         correct = seen = 0
         with torch.no_grad():
             for batch in ev.epoch(0, lookahead=False):
-                pred = model(batch.features, batch.dense, aggregated=batch.aggregated).argmax(1)
+                pred = model(batch.features, batch.dense, aggregated=batch.aggregated,
+                             aggregated_from=batch.aggregated_from).argmax(1)
                 mask = batch.labels >= 0
                 correct += int((pred[mask] == batch.labels[mask]).sum())
                 seen += int(mask.sum())

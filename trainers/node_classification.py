@@ -107,6 +107,7 @@ from graphstore.inference import AGGREGATE_INPUTS, InferenceStats, infer_layerwi
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import NodeLoader, NodeLoaderSettings
 from graphstore.loaders.defaults import default_batch_size, feature_normalization, memory_budget
+from graphstore.loaders.feature_cache import default_cache_bytes
 from graphstore.nn import (
     AGGREGATE_FOR,
     GNN,
@@ -173,11 +174,12 @@ class NodeClassificationOptions(CommonOptions):
              "rows held at once (a larger union is read in rounds)")
     feature_cache_bytes: int | None = option(
         None, type=byte_size, metavar="BYTES",
-        help="macrobatch: keep up to BYTES of feature rows between rounds (default: no cache)")
-    feature_cache: str = option(
-        "belady", choices=("belady", "lru"),
+        help="macrobatch: keep up to BYTES of feature rows between rounds (default: no cache; with "
+             "--feature-cache, every row when they fit half the memory this process may use, else that half)")
+    feature_cache: str | None = option(
+        None, choices=("belady", "lru"),
         help="macrobatch: what the feature cache keeps: rows used soonest by the mini-batches sampled ahead "
-             "(belady) or used most recently (lru)")
+             "(belady, the default with --feature-cache-bytes) or used most recently (lru)")
     cache_lookahead: int = option(
         32, type=positive_int, metavar="K",
         help="macrobatch: mini-batches sampled ahead for the belady cache (their samples are held in memory)")
@@ -259,9 +261,9 @@ class NodeClassificationOptions(CommonOptions):
         if self.scheme == "microbatch" and not self.micro_batching:
             raise ConfigError("--scheme microbatch needs --micro-batches K or --micro-batch-budget BYTES")
         if self.scheme != "macrobatch" and (self.macro_batches is not None or self.macro_batch_bytes is not None
-                                            or self.feature_cache_bytes is not None):
-            raise ConfigError("--macro-batches, --macro-batch-bytes and --feature-cache-bytes are for "
-                              "--scheme macrobatch")
+                                            or self.feature_cache_bytes is not None or self.feature_cache is not None):
+            raise ConfigError("--macro-batches, --macro-batch-bytes, --feature-cache and --feature-cache-bytes are "
+                              "for --scheme macrobatch")
         if self.feature_placement == "partitioned":
             if self.scheme != "macrobatch":
                 raise ConfigError("--feature-placement partitioned is for --scheme macrobatch")
@@ -328,6 +330,8 @@ class NodeClassificationConfig:
             out["world_size"] = self.world_size
         if out["feature_placement"] == "store":  # the default: absent, so old records compare equal
             del out["feature_placement"]
+        if out["feature_cache"] is None:  # no cache: recorded as before its default was None (old records)
+            out["feature_cache"] = "belady"
         if self.derived:
             out["derived"] = dict(self.derived)
         return out
@@ -338,10 +342,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def prepare(batch, args: NodeClassificationOptions | None):
-    """The batch as the model sees it: input rows row-normalised with ``--normalize-features row``."""
-    if args is None or getattr(args, "normalize_features", "none") == "none":
+    """The batch as the model sees it: input rows row-normalised with ``--normalize-features row``.
+
+    Raises
+    ------
+    ConfigError
+        A stored aggregate in the batch of other inputs than the run's (it would be added
+        to rows normalised otherwise).
+    """
+    mode = "none" if args is None else getattr(args, "normalize_features", "none")
+    source = getattr(batch, "aggregated_from", None)
+    if source is not None and source.input != AGGREGATE_INPUTS[int(mode == "row")]:
+        raise ConfigError(f"{source.array} aggregates {source.input}, but this run reads "
+                          f"{AGGREGATE_INPUTS[int(mode == 'row')]} (--normalize-features {mode})")
+    if mode == "none":
         return batch
-    # Stored aggregates were computed from normalised rows already (checked in make_loaders).
+    # Stored aggregates were computed from normalised rows already (checked above).
     return dataclasses.replace(batch, features=normalize_rows(batch.features.float()))
 
 
@@ -474,7 +490,7 @@ def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, see
                                         loss_fn=lambda logits, y: class_weighted_cross_entropy(logits, y, weights))
         else:
             out = model(batch.features.to(device, non_blocking=True), batch.dense.to(device),
-                        aggregated=_on(batch.aggregated, device))
+                        aggregated=_on(batch.aggregated, device), aggregated_from=batch.aggregated_from)
             loss = class_weighted_cross_entropy(out, labels, batch.class_weights)
             loss.backward()
         optimizer.step()
@@ -520,7 +536,8 @@ def evaluate(model, loader: NodeLoader, epoch: int, device,
     for batch in common.progress(loader.epoch(epoch), desc=f"evaluate {loader.split}",
                                  total=loader.num_batches(epoch)):
         batch = prepare(batch, args)
-        logits = model(batch.features.to(device), batch.dense.to(device), aggregated=_on(batch.aggregated, device))
+        logits = model(batch.features.to(device), batch.dense.to(device), aggregated=_on(batch.aggregated, device),
+                       aggregated_from=batch.aggregated_from)
         labels = batch.labels.to(device)
         mask = labels >= 0
         correct += int((logits[mask].argmax(1) == labels[mask]).sum())
@@ -603,6 +620,16 @@ def resolve_defaults(args: NodeClassificationOptions, store,
             changes["normalize_features"], derived["normalize_features"] = feature_normalization(store)
     if args.batch_size is None:
         changes["batch_size"], derived["batch_size"] = default_batch_size(int(store.read_node_split("train").size))
+    if args.scheme == "macrobatch" and args.feature_cache is not None and args.feature_cache_bytes is None:
+        # A policy named without a size: from memory (a resumed run keeps its checkpoint's).
+        if saved is not None and saved.get("feature_cache_bytes"):
+            changes["feature_cache_bytes"], rule = saved["feature_cache_bytes"], "the resumed checkpoint's"
+        else:
+            # Rows as the cache holds them: the features', or [x_v | agg_v] in float32.
+            width = store.feature_dim * (2 if args.aggregation_cache else 1)
+            itemsize = 4 if args.aggregation_cache else np.dtype(store.manifest.feature_dtype).itemsize
+            changes["feature_cache_bytes"], rule = default_cache_bytes(store.num_nodes, itemsize * width)
+        derived["feature_cache_bytes"] = rule
     buffer, rule = common.default_buffer(args, whole_graph=SCHEME_REGISTRY.get(args.scheme).whole_graph, saved=saved)
     if rule is not None:
         changes.update(buffer)

@@ -219,7 +219,8 @@ def node_classification_backward(model: torch.nn.Module, batch: Any, *, weight: 
             loss_sum += float(mean) / scale if scale else 0.0
         return loss_sum, n
     aggregated = None if batch.aggregated is None else batch.aggregated.to(device=device, dtype=dtype)
-    out = model(features.to(device), batch.dense.to(device), aggregated=aggregated)
+    out = model(features.to(device), batch.dense.to(device), aggregated=aggregated,
+                aggregated_from=batch.aggregated_from)
     if int(labelled.sum()) == 0:
         (out.sum() * 0.0).backward()  # nothing to learn from, but DDP's all-reduce must run
         return 0.0, 0

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from graphstore.buffer.resident import ResidentGraph
+from graphstore.nn.aggregate import AggregateSource
 from graphstore.sample import DENSE, Batch
 from graphstore.sample.microbatch import MicroBatch
 from graphstore.sample.negatives import NegativeSample
@@ -34,6 +35,10 @@ class NodeBatch(Batch):
     ``dense.node_ids`` entry's in-neighbours' input rows (BatchGNN's aggregation cache), for
     ``model(features, dense, aggregated=...)``; ``dense`` then has one hop fewer than the
     model has layers. Else None."""
+    aggregated_from: AggregateSource | None = None
+    """With ``aggregated``: what it is (the store's array, its op and the input it
+    aggregated); pass it on as ``model(..., aggregated_from=batch.aggregated_from)`` and
+    `graphstore.nn.GNN` refuses an op its first layer does not take. Else None."""
 
     @property
     def store_ids(self) -> torch.Tensor:

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphstore.errors import ConfigError
+from graphstore.loaders.defaults import memory_budget
 
-__all__ = ["CACHE_POLICIES", "CacheStats", "FeatureCache"]
+__all__ = ["CACHE_POLICIES", "CacheStats", "FeatureCache", "default_cache_bytes"]
 
 CACHE_POLICIES = ("belady", "lru")
 _NEVER = np.iinfo(np.int64).max
@@ -76,6 +77,8 @@ class FeatureCache:
         if capacity_bytes < 0:
             raise ConfigError(f"feature cache bytes must be >= 0 (got {capacity_bytes})")
         self.dim, self.policy, self.dtype = dim, policy, np.dtype(dtype)
+        self.capacity_bytes = int(capacity_bytes)
+        """The budget given (the settings record it)."""
         self.capacity = int(capacity_bytes) // (self.dtype.itemsize * dim)
         self.ids = np.empty(0, dtype=np.int64)
         """Cached store ids, ascending."""
@@ -134,6 +137,19 @@ class FeatureCache:
     def __repr__(self) -> str:
         return (f"FeatureCache(policy={self.policy!r}, capacity={self.capacity} rows, "
                 f"held={self.ids.size})")
+
+
+def default_cache_bytes(num_rows: int, row_bytes: int) -> tuple[int, str]:
+    """The cache's bytes when a policy is named without them, and the rule: every row
+    (``num_rows`` of ``row_bytes``) when they fit the default buffer budget
+    (`graphstore.loaders.defaults.memory_budget`), else that budget. Macro-batching holds no
+    partition buffer, so the share of memory a buffer would take is the cache's (DGL's and
+    PyG's in-memory loaders hold every row; a cache of nothing surprised users)."""
+    budget = memory_budget()
+    whole = int(num_rows) * int(row_bytes)
+    if whole <= budget.bytes:
+        return whole, f"every row ({whole} bytes), within {budget.rule}"
+    return budget.bytes, f"{budget.rule}: {budget.bytes} bytes, {budget.bytes / whole:.0%} of the rows"
 
 
 def _next_use(ids: np.ndarray, future: Sequence[np.ndarray]) -> np.ndarray:

@@ -43,6 +43,7 @@ from graphstore.layout._rowsets import RowSetStats
 from graphstore.layout.store import Store
 from graphstore.loaders.batches import NodeBatch
 from graphstore.loaders.feature_cache import CacheStats, FeatureCache
+from graphstore.nn.aggregate import AggregateSource
 
 __all__ = ["DEFAULT_CACHE_LOOKAHEAD", "FeatureFetch", "FetchStats", "MacroBatchGather", "fetch_dtype"]
 
@@ -141,6 +142,8 @@ class _Round:
     feature_dtype: torch.dtype
     """The store's features' dtype: a batch's features come in it, whatever the rows were
     held in (float32 beside the aggregates, or from a distributed fetch)."""
+    aggregated_from: AggregateSource | None = None
+    """What the columns after ``feature_dim`` are, if any."""
 
     def batches(self) -> Iterator[NodeBatch]:
         d = self.feature_dim
@@ -149,7 +152,11 @@ class _Round:
             rows = self.rows.index_select(0, torch.from_numpy(np.searchsorted(self.union, mine)))
             labels = g.labels.index_select(0, s.dense.targets).long()
             features = rows[:, :d].to(self.feature_dtype)  # exact: float16 values widened, then narrowed back
-            yield NodeBatch(s.dense, features, labels, g, aggregated=rows[:, d:] if rows.shape[1] > d else None)
+            if rows.shape[1] == d:
+                yield NodeBatch(s.dense, features, labels, g)
+            else:
+                yield NodeBatch(s.dense, features, labels, g, aggregated=rows[:, d:],
+                                aggregated_from=self.aggregated_from)
 
 
 _END = object()
@@ -162,6 +169,12 @@ def _timed(wait, stats: FetchStats):
         return wait()
     finally:
         stats.stall_seconds += time.perf_counter() - t0
+
+
+def aggregate_source(store: Store, op: str) -> AggregateSource:
+    """The stored aggregate ``op`` of ``store`` as batches carry it (its manifest record)."""
+    record = store.aggregates[op]
+    return AggregateSource(f"{store.path}/{record['array']}", op, record["input"])
 
 
 def fetch_dtype(fetch) -> np.dtype:
@@ -235,6 +248,7 @@ class MacroBatchGather:
         if cache is not None and cache.dtype != fetch_dtype(self.fetch):
             raise ConfigError(f"the feature cache holds {cache.dtype} rows; the fetch reads {fetch_dtype(self.fetch)}")
         self.feature_dtype = getattr(torch, str(np.dtype(store.manifest.feature_dtype or "float32")))
+        self.aggregated_from = None if aggregated is None else aggregate_source(store, aggregated)
         self.macro_batches, self.macro_batch_bytes, self.prefetch = macro_batches, macro_batch_bytes, prefetch
         self.cache, self.cache_lookahead = cache, cache_lookahead
         self.stats = FetchStats()
@@ -367,4 +381,4 @@ class MacroBatchGather:
         stats.mini_batches += stop - start
         stats.rows_requested += sum(int(mine.size) for mine in macro.ids[start:stop])
         return _Round(rows, union, macro.sampled[start:stop], macro.ids[start:stop], self.fetch.feature_dim,
-                      self.feature_dtype)
+                      self.feature_dtype, self.aggregated_from)

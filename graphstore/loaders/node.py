@@ -14,7 +14,7 @@ from graphstore.buffer.policies import EpochPlan
 from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
 from graphstore.loaders.base import BufferedLoader
-from graphstore.loaders.feature_cache import FeatureCache
+from graphstore.loaders.feature_cache import FeatureCache, default_cache_bytes
 from graphstore.loaders.macro import (
     DEFAULT_CACHE_LOOKAHEAD,
     FeatureFetch,
@@ -136,6 +136,9 @@ class NodeLoader(BufferedLoader):
         this many bytes of rows, kept by ``feature_cache`` (``"belady"``, the default,
         over the next ``cache_lookahead`` mini-batches, which are sampled ahead; or
         ``"lru"``); it lasts across epochs (`graphstore.loaders.feature_cache`).
+        ``feature_cache`` named without it: every row when they fit the memory default,
+        else that default (`default_cache_bytes`); ``settings.feature_cache_bytes`` says
+        which.
     aggregated : str, optional
         The ``macrobatch`` scheme reads, with each input row, the node's stored aggregate
         of its in-neighbours' features (``"mean"``, ``"sum"`` or ``"gcn"``: ``graphstore
@@ -181,7 +184,7 @@ class NodeLoader(BufferedLoader):
                  micro_strategy: str = "reg",
                  step_estimator: Callable[[DenseSizes], int] | None = None,
                  macro_batches: int | str | None = None, macro_batch_bytes: int | None = None,
-                 feature_cache_bytes: int | None = None, feature_cache: str = "belady",
+                 feature_cache_bytes: int | None = None, feature_cache: str | None = None,
                  cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD, aggregated: str | None = None,
                  rank: int = 0, world_size: int = 1, feature_fetch=None, balance_labels: bool | None = False) -> None:
         if not store.manifest.has_labels:
@@ -234,19 +237,19 @@ class NodeLoader(BufferedLoader):
             micro_strategy=micro_strategy if self.micro else None,
             macro_batches=self.macro.macro_batches if self.macro else None,
             macro_batch_bytes=macro_batch_bytes if self.macro else None,
-            feature_cache_bytes=feature_cache_bytes if self.macro else None,
-            feature_cache=feature_cache if self.macro and feature_cache_bytes is not None else None,
-            cache_lookahead=cache_lookahead if self.macro and feature_cache_bytes is not None else None,
+            feature_cache_bytes=self.macro.cache.capacity_bytes if self.macro and self.macro.cache else None,
+            feature_cache=self.macro.cache.policy if self.macro and self.macro.cache else None,
+            cache_lookahead=cache_lookahead if self.macro and self.macro.cache else None,
             aggregated=aggregated, world_size=None if self.shard is None else self.shard.world_size,
             balance_labels=True if self.balance is not None else None, label_skew=self.label_skew)
 
     def _macro_stage(self, macro_batches: int | str | None, budget: int | None, cache_bytes: int | None,
-                     cache_policy: str, lookahead: int, aggregated: str | None,
+                     cache_policy: str | None, lookahead: int, aggregated: str | None,
                      fetch=None) -> MacroBatchGather | None:
         if self.scheme_spec.resident_features:
             if (macro_batches is not None or budget is not None or cache_bytes is not None or aggregated is not None
-                    or fetch is not None):
-                raise ConfigError(f"macro_batches, macro_batch_bytes, feature_cache_bytes, aggregated and "
+                    or fetch is not None or cache_policy is not None):
+                raise ConfigError(f"macro_batches, macro_batch_bytes, feature_cache(_bytes), aggregated and "
                                   f"feature_fetch are for "
                                   f"the macrobatch scheme (scheme {self.scheme!r} holds the feature rows it trains on)")
             return None
@@ -264,7 +267,10 @@ class NodeLoader(BufferedLoader):
         if fetch is not None and fetch.dim != width:
             raise ConfigError(f"feature_fetch returns rows of width {fetch.dim}; this loader reads {width}")
         fetch = FeatureFetch(self.store, aggregated) if fetch is None else fetch
-        cache = None if cache_bytes is None else FeatureCache(width, cache_bytes, cache_policy, fetch_dtype(fetch))
+        if cache_policy is not None and cache_bytes is None:  # a policy named without a size: from memory
+            cache_bytes, _ = default_cache_bytes(self.store.num_nodes, fetch_dtype(fetch).itemsize * width)
+        cache = None if cache_bytes is None else FeatureCache(width, cache_bytes, cache_policy or "belady",
+                                                              fetch_dtype(fetch))
         return MacroBatchGather(self.store, macro_batches=macro_batches, macro_batch_bytes=budget,
                                 prefetch=self.prefetch, cache=cache, cache_lookahead=lookahead,
                                 aggregated=aggregated, fetch=fetch)

@@ -8,7 +8,7 @@ and measurement of a training step's memory; `accumulate` micro-batch gradient a
 """
 
 from graphstore.nn.accumulate import class_weighted_cross_entropy, micro_batch_backward
-from graphstore.nn.aggregate import AGGREGATIONS, AggregationModel, FeatureAggregate
+from graphstore.nn.aggregate import AGGREGATIONS, AggregateSource, AggregationModel, FeatureAggregate
 from graphstore.nn.base import LayerView, layer_view, normalize_rows, segment_mean, segment_softmax, segment_sum
 from graphstore.nn.decoders import DECODERS, ComplEx, Decoder, DistMult, HadamardMLP, TransE, link_loss
 from graphstore.nn.layers import (
@@ -53,6 +53,7 @@ __all__ = [
     "PartialSources",
     "class_weighted_cross_entropy",
     "OPTIMIZERS",
+    "AggregateSource",
     "AggregationModel",
     "ComplEx",
     "Decoder",

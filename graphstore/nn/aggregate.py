@@ -22,6 +22,8 @@ Operations (``d_v``: in-degree of ``v``, the store's ``nodes/in_degree``):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -29,9 +31,24 @@ from graphstore.errors import ConfigError
 from graphstore.nn.base import layer_view, segment_mean, segment_sum
 from graphstore.nn.layers import Layer, PartialAggregate, PartialSources, _PartialForm
 
-__all__ = ["AGGREGATIONS", "AggregationModel", "FeatureAggregate"]
+__all__ = ["AGGREGATIONS", "AggregateSource", "AggregationModel", "FeatureAggregate"]
 
 AGGREGATIONS = ("mean", "sum", "gcn")
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateSource:
+    """What stored aggregate rows are: carried by a batch beside them (``NodeBatch.
+    aggregated_from``) so the model can refuse another op than its first layer's
+    (`graphstore.nn.GNN`) and a trainer another input normalisation than its own."""
+
+    array: str
+    """Where they were read: the store's path and the array (``.../nodes/aggregated_sum``)."""
+    op: str
+    """The aggregation, one of `AGGREGATIONS`."""
+    input: str
+    """What was aggregated: ``"features"`` or ``"row-normalized features"`` (the manifest
+    record's ``input``, `graphstore.inference.AGGREGATE_INPUTS`)."""
 
 
 class FeatureAggregate(_PartialForm, nn.Module):

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -61,6 +62,9 @@ from graphstore.errors import ConfigError
 from graphstore.nn.base import LayerView, layer_view, segment_mean, segment_softmax, segment_sum
 from graphstore.sample.base import DENSE, DenseLayer
 from graphstore.sample.reference import Block
+
+if TYPE_CHECKING:  # aggregate.py builds on this module's layers
+    from graphstore.nn.aggregate import AggregateSource
 
 __all__ = [
     "AGGREGATE_FOR",
@@ -631,7 +635,8 @@ class GNN(nn.Module):
 
     def forward(self, h: torch.Tensor, structure: DENSE | Sequence[Block], *,
                 edge_type: torch.Tensor | Sequence[torch.Tensor] | None = None,
-                degrees: torch.Tensor | None = None, aggregated: torch.Tensor | None = None) -> torch.Tensor:
+                degrees: torch.Tensor | None = None, aggregated: torch.Tensor | None = None,
+                aggregated_from: AggregateSource | None = None) -> torch.Tensor:
         """Run every layer; returns the targets' rows, float [T, out_dim].
 
         Parameters
@@ -655,11 +660,15 @@ class GNN(nn.Module):
             (``from_aggregate``) and ``structure`` has one hop fewer than the model has
             layers: the last hop is neither sampled nor read. Semantics: that layer sees every
             neighbour (GCN: with global degrees), not a sample.
+        aggregated_from : AggregateSource, optional
+            What ``aggregated`` is (a batch's ``aggregated_from``): its op is checked against
+            the one this kind's first layer takes.
 
         Raises
         ------
         ConfigError
-            On a structure with another number of layers, or a missing ``edge_type``.
+            On a structure with another number of layers, a missing ``edge_type``, or a
+            stored aggregate of another op than ``AGGREGATE_FOR[kind]``.
         """
         if isinstance(structure, DENSE):
             views = [layer_view(structure.layer(k)) for k in range(structure.num_layers)]
@@ -674,6 +683,11 @@ class GNN(nn.Module):
             if self.kind not in AGGREGATE_FOR:
                 raise ConfigError(f"a {self.kind} model cannot take stored aggregates (only "
                                   f"{', '.join(AGGREGATE_FOR)}: their first layer is linear in the neighbours)")
+            if aggregated_from is not None and aggregated_from.op != AGGREGATE_FOR[self.kind]:
+                need = AGGREGATE_FOR[self.kind]
+                raise ConfigError(f"{aggregated_from.array}: the stored aggregate is op {aggregated_from.op!r}; a "
+                                  f"{self.kind} model's first layer needs {need!r} (`graphstore aggregate STORE "
+                                  f"--op {need}`, and read that one)")
             if aggregated.shape != h.shape:
                 raise ConfigError(f"aggregated must be aligned with h: shape {list(h.shape)} "
                                   f"(got {list(aggregated.shape)})")

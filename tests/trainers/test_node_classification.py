@@ -472,3 +472,28 @@ def test_a_float16_store_trains_in_every_scheme(float16_store, tmp_path, extra):
     m = read(out)
     assert math.isfinite(m["epochs"][0]["train_loss"])
     assert m["final"]["test"]["acc"] > 0.5  # 4 classes, the class column raised in every row
+
+
+@pytest.mark.parametrize("policy", ["lru", "belady"])
+def test_a_feature_cache_without_bytes_is_sized_from_memory(cora_store, tmp_path, capsys, monkeypatch, policy):
+    """``--feature-cache lru`` alone ran with no cache (issue 31, 5): it is sized from memory,
+    the rule printed and recorded, the figure in the loader's settings, and a resumed run
+    keeps it whatever memory says then."""
+    monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", "8MiB")  # half of it, 4 MiB: 731 of Cora's 2708 rows
+    out, ckpt = tmp_path / "m.json", tmp_path / "ckpt"
+    argv = ["--store", cora_store, "--scheme", "macrobatch", "--feature-cache", policy, "--metrics-out", out,
+            "--checkpoint-dir", ckpt, *FAST]
+    assert run(argv + ["--epochs", 2]) == 0
+    m = read(out)
+    assert m["epochs"][1]["macro_batching"]["cache_hits"] > 0  # epoch 0's rows, from memory
+    loader = m["config"]["loaders"]["train"]
+    assert (loader["feature_cache"], loader["feature_cache_bytes"]) == (policy, 4 << 20)
+    assert m["config"]["feature_cache_bytes"] == 4 << 20
+    assert "GRAPHSTORE_MEMORY_BYTES" in m["config"]["derived"]["feature_cache_bytes"]
+    assert "default feature_cache_bytes:" in capsys.readouterr().out
+    monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", "1GiB")
+    assert run(argv + ["--epochs", 3, "--resume"]) == 0
+    m = read(out)
+    assert m["config"]["loaders"]["train"]["feature_cache_bytes"] == 4 << 20 and len(m["epochs"]) == 3
+    assert run(["--store", cora_store, "--scheme", "minibatch", "--feature-cache", policy, "--epochs", 1]) == 1
+    assert "--feature-cache" in capsys.readouterr().err
