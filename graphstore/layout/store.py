@@ -426,8 +426,10 @@ class Store:
         """[n] partition of each store id."""
         return np.asarray(store_ids) // self.partition_size
 
-    def read_features(self, k: int) -> np.ndarray:
-        """[P_k, D] features of partition ``k`` (one sequential read, verified).
+    def read_features(self, k: int | np.ndarray | Sequence[int]) -> np.ndarray:
+        """[P_k, D] features of partition ``k`` (one sequential read, verified); given an
+        array of store ids instead (any order, repeats allowed), [n, D] their rows, read as
+        the ~4 KiB blocks that hold them, each verified (`read_row_set`).
 
         Raises
         ------
@@ -436,7 +438,23 @@ class Store:
         """
         if not self.manifest.has_features:
             raise StoreError(f"{self.path}: the store has no features")
-        return self.read_rows("nodes/features", *self.partition_range(k))
+        if np.ndim(k) == 0:
+            return self.read_rows("nodes/features", *self.partition_range(int(k)))
+        ids = self._store_ids(k, "read_features")
+        unique, inverse = np.unique(ids, return_inverse=True)
+        return self.read_row_set("nodes/features", unique)[inverse]
+
+    def _store_ids(self, ids: np.ndarray | Sequence[int], caller: str) -> np.ndarray:
+        """``ids`` as int64 store ids, checked: integers in ``[0, num_nodes)``."""
+        ids = np.asarray(ids)
+        if ids.size and ids.dtype.kind not in "iu":
+            raise ConfigError(f"{self.path}: {caller}: store ids must be integers (got {ids.dtype})")
+        ids = ids.astype(np.int64, copy=False).reshape(-1)
+        bad = (ids < 0) | (ids >= self.num_nodes)
+        if bad.any():
+            raise ConfigError(f"{self.path}: {caller}: store ids must be in [0, {self.num_nodes}) "
+                              f"(got {int(ids[np.argmax(bad)])})")
+        return ids
 
     def read_labels(self, k: int | np.ndarray | Sequence[int]) -> np.ndarray:
         """[P_k] int32 labels of partition ``k`` (verified, as `read_features`); given an array
@@ -446,14 +464,7 @@ class Store:
             raise StoreError(f"{self.path}: the store has no labels")
         if np.ndim(k) == 0:
             return self.read_rows("nodes/labels", *self.partition_range(int(k)))
-        ids = np.asarray(k)
-        if ids.size and ids.dtype.kind not in "iu":
-            raise ConfigError(f"{self.path}: read_labels: store ids must be integers (got {ids.dtype})")
-        ids = ids.astype(np.int64, copy=False).reshape(-1)
-        bad = (ids < 0) | (ids >= self.num_nodes)
-        if bad.any():
-            raise ConfigError(f"{self.path}: read_labels: store ids must be in [0, {self.num_nodes}) "
-                              f"(got {int(ids[np.argmax(bad)])})")
+        ids = self._store_ids(k, "read_labels")
         # Whole partitions, so that each read is checked against its partition's checksum.
         parts = np.flatnonzero(np.bincount(ids // self.partition_size, minlength=self.num_partitions))
         rows = self.read_many([("nodes/labels", *self.partition_range(int(j)), None) for j in parts])

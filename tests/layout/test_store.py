@@ -67,6 +67,20 @@ def test_labels_of_an_id_array(store_path):
             store.read_labels(np.array([1.5]))
 
 
+def test_features_of_an_id_array(store_path):
+    """``read_features`` takes an array of store ids as ``read_labels`` does (it failed the
+    same way); the rows come from the blocks that hold them, in the order asked."""
+    with graphstore.open(store_path) as store:
+        every = np.asarray(store.features[...])
+        ids = np.array([119, 0, 45, 45, 31, 89])
+        got = store.read_features(ids)
+        assert got.dtype == every.dtype and np.array_equal(got, every[ids])
+        assert np.array_equal(store.read_features(np.int64(2)), every[60:90])
+        assert store.read_features(np.zeros(0, np.int64)).shape == (0, every.shape[1])
+        with pytest.raises(ConfigError, match=r"read_features: store ids must be in \[0, 120\) \(got -1\)"):
+            store.read_features([-1])
+
+
 def test_missing_path_and_non_store(tmp_path):
     with pytest.raises(StoreNotFoundError, match="no such store"):
         graphstore.open(tmp_path / "absent.gs")
