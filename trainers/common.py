@@ -252,16 +252,25 @@ def default_buffer(args: Any, *, whole_graph: bool, saved: dict[str, Any] | None
         return ({"buffer_bytes": saved.get("buffer_bytes"), "buffer_partitions": saved.get("buffer_partitions")},
                 "the resumed checkpoint's")
     budget = memory_budget()
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        # Every rank must plan the same buffer (their steps are matched one for one), and
-        # each reads its own free memory at its own moment: all take the least of them.
-        least = torch.tensor([budget.bytes], dtype=torch.int64)
-        torch.distributed.all_reduce(least, op=torch.distributed.ReduceOp.MIN)
-        if int(least) != budget.bytes:
-            return ({"buffer_bytes": int(least)},
-                    f"the least of {torch.distributed.get_world_size()} ranks' defaults ({budget.rule} on this one)")
-        return {"buffer_bytes": budget.bytes}, f"{budget.rule}, the least of {torch.distributed.get_world_size()} ranks"
-    return {"buffer_bytes": budget.bytes}, budget.rule
+    figure, rule = least_over_ranks(budget.bytes, budget.rule)
+    return {"buffer_bytes": figure}, rule
+
+
+def least_over_ranks(figure: int, rule: str) -> tuple[int, str]:
+    """A default read from this process's memory (``figure``, chosen by ``rule``), made the
+    same on every rank: each reads its own free memory at its own moment, and the ranks
+    must plan alike (their steps are matched one for one, and `check_ranks_agree` refuses
+    a difference), so all take the least of them. One process: as given."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return figure, rule
+    world = torch.distributed.get_world_size()
+    if world == 1:
+        return figure, rule
+    least = torch.tensor([figure], dtype=torch.int64)
+    torch.distributed.all_reduce(least, op=torch.distributed.ReduceOp.MIN)
+    if int(least) != figure:
+        return int(least), f"the least of {world} ranks' defaults ({rule} on this one)"
+    return figure, f"{rule}, the least of {world} ranks"
 
 
 EVAL_MARGIN = 1.5

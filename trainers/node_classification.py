@@ -628,7 +628,8 @@ def resolve_defaults(args: NodeClassificationOptions, store,
             # Rows as the cache holds them: the features', or [x_v | agg_v] in float32.
             width = store.feature_dim * (2 if args.aggregation_cache else 1)
             itemsize = 4 if args.aggregation_cache else np.dtype(store.manifest.feature_dtype).itemsize
-            changes["feature_cache_bytes"], rule = default_cache_bytes(store.num_nodes, itemsize * width)
+            changes["feature_cache_bytes"], rule = common.least_over_ranks(
+                *default_cache_bytes(store.num_nodes, itemsize * width))
         derived["feature_cache_bytes"] = rule
     buffer, rule = common.default_buffer(args, whole_graph=SCHEME_REGISTRY.get(args.scheme).whole_graph, saved=saved)
     if rule is not None:
