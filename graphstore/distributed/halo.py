@@ -1,106 +1,163 @@
 """Plain domain-parallel full-batch layers, the baseline SAR is measured against.
 
-Every rank fetches its whole halo (the rows of other ranks its in-edges read) at each
-layer, appends it to its own rows and runs the one-shot layer over that local graph with
-ordinary autograd, which keeps the halo and every per-edge tensor until backward. The
-fetch is an autograd Function whose backward sends the halo's gradient to its owners.
-Exact like SAR; its memory grows with the halo and the edges, SAR's with one rank's share.
+Each layer, every rank prepares its own rows once (the layer's per-source transform,
+`partial_sources`, as SAR's owner does: SAGE's and GCN's projection when it narrows the
+rows, GCN's source degree factor with the owner's degrees, GAT's projection and scores,
+RGCN's basis projections), fetches the prepared rows of its whole halo at once (only the
+rows its in-edges read, from every other rank) and aggregates every in-edge in one shot
+under ordinary autograd, which keeps the fetched halo (and GAT's per-edge tensors) until
+backward. Its own rows are read where they lie, never copied beside the halo. The fetch is
+an autograd Function whose backward sends the halo's gradient to its owners.
+
+What differs from SAR is only what the paper says differs: the halo is fetched whole and
+kept, and the aggregation is one unfused pass (each piece's per-edge tensors whole, as the
+one-shot layers build them) instead of one rank's rows at a time, ``edge_chunk`` edges at a
+time, rematerialized in backward. Exact like SAR.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
 
 from graphstore.distributed.comm import Exchange, ring_peers
-from graphstore.distributed.rank_graph import RankGraph
-from graphstore.distributed.sar import CommStats
+from graphstore.distributed.rank_graph import Piece, RankGraph
+
+# The packing of several prepared tensors into one message, and the layer kinds, are SAR's:
+# the two modes send the same rows and differ only in how they aggregate and what they keep.
+from graphstore.distributed.sar import CommStats, _kind, _pack, _unpack
 from graphstore.errors import ConfigError
-from graphstore.nn import GCNConv, LayerView, RGCNConv
+from graphstore.nn import PartialAggregate, PartialSources
 
 __all__ = ["HaloGraph", "fetch_halo", "halo_layer"]
 
 _GRAD_TAG = 1 << 17
 
 
-def _fetch(graph: RankGraph, h: torch.Tensor, stats: CommStats | None) -> torch.Tensor:
-    """The halo rows of ``h`` [n, ...], by source rank (the order of `RankGraph.halo_view`)."""
-    world, rank = graph.world_size, graph.rank
-    parts: list[torch.Tensor | None] = [None] * world
-    flat = h.reshape(h.shape[0], math.prod(h.shape[1:]))
-    for step in range(1, world):
-        to, source = ring_peers(rank, world, step)
-        payload = flat.index_select(0, graph.send_rows[to])
-        if stats is not None:
-            stats.bytes_sent += payload.numel() * payload.element_size()
-            stats.rows_fetched_remote += graph.pieces[source].num_rows
-        parts[source] = Exchange(payload, to, (graph.pieces[source].num_rows, flat.shape[1]), source,
-                                 dtype=h.dtype, device=h.device, tag=step).wait()
-    rows = [p for s, p in enumerate(parts) if s != rank]
-    out = torch.cat(rows) if rows else flat.new_zeros(0, flat.shape[1])
-    return out.reshape((out.shape[0],) + tuple(h.shape[1:]))
-
-
 class _Halo(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, graph: RankGraph, stats: CommStats | None, h: torch.Tensor) -> torch.Tensor:
-        ctx.graph, ctx.stats, ctx.shape = graph, stats, h.shape
-        return _fetch(graph, h, stats)
+    """The halo's prepared rows: one packed [rows, width] tensor per ring step (from rank
+    ``ring_peers(rank, N, step)[1]``); backward returns their gradient to the owners."""
 
     @staticmethod
-    def backward(ctx, grad_halo: torch.Tensor):
+    def forward(ctx, graph: RankGraph, stats: CommStats | None, *local: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.graph, ctx.stats = graph, stats
+        ctx.shapes = tuple(t.shape for t in local)
+        world, rank = graph.world_size, graph.rank
+        out = []
+        for step in range(1, world):
+            to, source = ring_peers(rank, world, step)
+            # Only the rows `to` reads are gathered and packed: no copy of the whole block.
+            payload = _pack(tuple(t.index_select(0, graph.send_rows[to]) for t in local))
+            if stats is not None:
+                stats.bytes_sent += payload.numel() * payload.element_size()
+                stats.rows_fetched_remote += graph.pieces[source].num_rows
+            out.append(Exchange(payload, to, (graph.pieces[source].num_rows, payload.shape[1]), source,
+                                dtype=payload.dtype, device=payload.device, tag=step).wait())
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
         graph: RankGraph = ctx.graph
         world, rank = graph.world_size, graph.rank
-        grad = grad_halo.new_zeros(ctx.shape)
-        width = math.prod(ctx.shape[1:])
-        flat_grad, flat_halo = grad.view(grad.shape[0], width), grad_halo.reshape(grad_halo.shape[0], width)
-        offsets, at = {}, 0
-        for s in range(world):
-            if s != rank:
-                offsets[s] = at
-                at += graph.pieces[s].num_rows
-        for step in range(1, world):
+        first = grads[0]
+        local = tuple(first.new_zeros(shape) for shape in ctx.shapes)
+        for step, grad in enumerate(grads, start=1):
             # Forward's step: this rank received from `source` and sent to `to`; now back.
             to, source = ring_peers(rank, world, step)
-            payload = flat_halo[offsets[source]:offsets[source] + graph.pieces[source].num_rows]
             if ctx.stats is not None:
-                ctx.stats.bytes_sent += payload.numel() * payload.element_size()
-            arrived = Exchange(payload, source, (graph.send_rows[to].numel(), flat_grad.shape[1]), to,
+                ctx.stats.bytes_sent += grad.numel() * grad.element_size()
+            arrived = Exchange(grad, source, (graph.send_rows[to].numel(), grad.shape[1]), to,
                                dtype=grad.dtype, device=grad.device, tag=_GRAD_TAG + step).wait()
-            flat_grad.index_add_(0, graph.send_rows[to], arrived)
-        return None, None, grad
+            for into, part in zip(local, _unpack(arrived, local), strict=True):
+                into.index_add_(0, graph.send_rows[to], part)
+        return (None, None, *local)
 
 
-def fetch_halo(graph: RankGraph, h: torch.Tensor, stats: CommStats | None = None) -> torch.Tensor:
-    """``h``'s halo rows [halo_rows, ...], differentiable (backward returns their gradient
-    to the owners). Collective."""
-    return _Halo.apply(graph, stats, h)
+def fetch_halo(graph: RankGraph, *local: torch.Tensor,
+               stats: CommStats | None = None) -> list[tuple[Piece, tuple[torch.Tensor, ...]]]:
+    """Every other rank's piece of in-edges with the rows of ``local`` (tensors with a row
+    per node of the block, [n, ...]) that its edges read, fetched from that rank, unpacked
+    like ``local``; differentiable (backward returns their gradient to the owners).
+    Collective."""
+    world, rank = graph.world_size, graph.rank
+    if world == 1:
+        return []
+    packed = _Halo.apply(graph, stats, *local)
+    return [(graph.pieces[ring_peers(rank, world, step)[1]], _unpack(rows, local))
+            for step, rows in enumerate(packed, start=1)]
 
 
 class HaloGraph:
-    """A rank's local graph for domain parallelism: the halo view, its relations, and GCN's
-    degrees of the halo rows (fetched once)."""
+    """A rank's graph for domain parallelism (its `RankGraph`); the pieces of in-edges
+    already say which rows each fetches, so nothing else is built."""
 
     def __init__(self, graph: RankGraph) -> None:
         self.graph = graph
-        self.view, self.edge_type = graph.halo_view()
-        self.degrees = torch.cat([graph.in_degree, _fetch(graph, graph.in_degree, None)])
+
+
+def _linear_sum(layer: nn.Module, kind: str, rows: torch.Tensor,
+                pieces: list[tuple[Piece, tuple[torch.Tensor, ...]]], n: int) -> torch.Tensor:
+    """The in-edge sums of a linear layer (SAGE, GCN, GIN, RGCN) over every piece at once,
+    under autograd (its ``_accumulate``'s in-place sums are recorded like any op)."""
+    if kind == "rgcn":
+        total = rows.new_zeros(n, layer.num_relations, layer.out_dim)
+        count = torch.zeros(n, layer.num_relations, dtype=torch.int64, device=rows.device)
+    else:
+        total = rows.new_zeros((n,) + tuple(rows.shape[1:]))
+        count = torch.zeros(n, dtype=torch.int64, device=rows.device)
+    acc = PartialAggregate(total, count=count)
+    for piece, (source_rows, *_) in pieces:
+        layer._accumulate(acc, PartialSources(source_rows), piece.src, piece.dst, piece.rel)
+    return acc.total
+
+
+def _gat(layer: nn.Module, x: torch.Tensor, score_src: torch.Tensor,
+         pieces: list[tuple[Piece, tuple[torch.Tensor, ...]]]) -> torch.Tensor:
+    """GAT over every piece at once: the one-shot layer's softmax (edges and the self loop,
+    shifted by each destination's maximum), every per-edge tensor kept by autograd."""
+    score_dst = (x * layer.attn_dst).sum(-1)                               # as partial_begin
+    self_logits = layer._logits(score_src, score_dst)                     # [n, H]
+    logits = [layer._logits(s.index_select(0, p.src), score_dst.index_select(0, p.dst)) for p, (_, s) in pieces]
+    with torch.no_grad():  # softmax does not depend on the shift: it carries no gradient
+        top = self_logits.clone()
+        for (p, _), lg in zip(pieces, logits, strict=True):
+            top = top.scatter_reduce(0, p.dst[:, None].expand_as(lg), lg, "amax", include_self=True)
+    self_weight = torch.exp(self_logits - top)
+    denom, total = self_weight, x * self_weight[..., None]
+    for (p, (rows, _)), lg in zip(pieces, logits, strict=True):
+        weight = torch.exp(lg - top.index_select(0, p.dst))                                 # [E, H]
+        denom = denom.index_add(0, p.dst, weight)
+        total = total.index_add(0, p.dst, rows.index_select(0, p.src) * weight[..., None])
+    return layer.partial_finish(PartialAggregate(total, denom=denom))
 
 
 def halo_layer(layer: nn.Module, h: torch.Tensor, halo: HaloGraph, *, stats: CommStats | None = None) -> torch.Tensor:
-    """One layer's output for the rank's block, from its rows and its halo (collective)."""
+    """One layer's output for the rank's block, float [n, out], from its rows and its
+    halo's (collective). ``layer`` as `graphstore.distributed.sar_layer` takes it."""
     graph = halo.graph
     if h.dim() != 2 or h.shape[0] != graph.num_nodes:
         raise ConfigError(f"h must have one row per node of the rank's block, [{graph.num_nodes}, D] "
                           f"(got {list(h.shape)})")
+    kind = _kind(layer)
     if stats is not None:
         stats.rows_fetched_local += graph.num_nodes
-    h_all = torch.cat([h, fetch_halo(graph, h, stats)])
-    view: LayerView = halo.view
-    if isinstance(layer, GCNConv):
-        return layer(h_all, view, halo.degrees)
-    if isinstance(layer, RGCNConv):
-        return layer(h_all, view, halo.edge_type)
-    return layer(h_all, view)
+    n, own = graph.num_nodes, graph.pieces[graph.rank]
+    if kind == "gat":
+        if layer.training and layer.attn_dropout > 0:
+            raise ConfigError("the full-batch GAT has no attention dropout (set attn_dropout=0)")
+        sources = layer.partial_sources(h)
+        x, score = sources.rows, sources.score
+        return _gat(layer, x, score, [(own, (x, score)), *fetch_halo(graph, x, score, stats=stats)])
+    if kind == "gcn":
+        rows = layer.partial_sources(h, degrees_src=graph.in_degree).rows
+    else:
+        rows = layer.partial_sources(h).rows                              # GIN: h itself
+    total = _linear_sum(layer, kind, rows, [(own, (rows,)), *fetch_halo(graph, rows, stats=stats)], n)
+    # The self terms and the finish, as sar_layer's.
+    if kind == "gcn":
+        return layer.partial_finish(PartialAggregate(rows + total, norm=layer._norm(graph.in_degree, h.dtype)))
+    if kind == "gin":
+        return layer.partial_finish(PartialAggregate(layer._own(h) + total))
+    if kind == "rgcn":
+        return layer.partial_finish(PartialAggregate(total, own=layer.fc_self(h), count=graph.relation_counts()))
+    return layer.partial_finish(PartialAggregate(total, own=layer.fc_self(h), count=graph.in_degree))

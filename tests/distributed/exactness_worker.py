@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from graphstore.distributed import (
+    CommStats,
     FullBatchGNN,
     HaloGraph,
     all_reduce_gradients,
@@ -85,9 +86,13 @@ def main(argv) -> int:
                                     edge_type=rel, seed=5, epoch=3)
         loss_ref = F.cross_entropy(out_ref[train_all], y_all[train_all])
         loss_ref.backward()
-        out = model(x, graph, mode=mode, halo=halo, seed=5, epoch=3, edge_chunk=chunk, prefetch=prefetch)
+        comm = CommStats()
+        out = model(x, graph, mode=mode, halo=halo, seed=5, epoch=3, edge_chunk=chunk, prefetch=prefetch,
+                    stats=comm)
         loss = full_batch_loss(out, data.labels, train, int(train_all.numel()))
         loss.backward()
+        sent = torch.tensor([comm.bytes_sent, comm.rows_fetched_remote], dtype=torch.int64)
+        dist.all_reduce(sent)  # forward and backward, all ranks
         all_reduce_gradients(list(model.parameters()))
         total = loss.detach().clone()
         dist.all_reduce(total)
@@ -102,7 +107,8 @@ def main(argv) -> int:
         results.append({"model": name, "batch_norm": bn, "mode": mode, "edge_chunk": chunk, "prefetch": prefetch,
                         "grad_max_abs_diff": float(stats[0]), "out_max_abs_diff": float(stats[1]),
                         "loss_abs_diff": float(stats[2]), "running_stats_diff": float(stats[3]) if bn else None,
-                        "loss": float(loss_ref), "grad_max": grad_scale,
+                        "loss": float(loss_ref), "grad_max": grad_scale, "bytes_sent": int(sent[0]),
+                        "rows_received": int(sent[1]),
                         "num_params": sum(1 for _ in model.parameters())})
     if rank == 0:
         with open(out_path, "w") as f:
