@@ -25,7 +25,7 @@ from graphstore.distributed.halo import HaloGraph, halo_layer
 from graphstore.distributed.rank_graph import RankGraph
 from graphstore.distributed.sar import DEFAULT_EDGE_CHUNK, CommStats, sar_layer
 from graphstore.errors import ConfigError
-from graphstore.nn import GNN, GCNConv, LayerView, RGCNConv
+from graphstore.nn import GNN, GCNConv, GINConv, LayerView, RGCNConv, SAGEConv
 
 __all__ = ["MODES", "FullBatchGNN", "all_reduce_gradients", "full_batch_loss", "reference_forward"]
 
@@ -35,7 +35,13 @@ MODES = ("sar", "domain_parallel")
 
 class FullBatchGNN(nn.Module):
     """A `GNN` stack (``gnn``) and, with ``batch_norm``, an ``nn.BatchNorm1d`` after each
-    hidden layer (``norms``). Keyword arguments are `GNN`'s; GAT has no attention dropout."""
+    hidden layer (``norms``). Keyword arguments are `GNN`'s; GAT has no attention dropout.
+
+    A layer followed by BatchNorm has no bias: BatchNorm subtracts the mean, so that bias's
+    true gradient is zero, and what it gets is round-off, which differs with the number of
+    ranks; Adam scales any gradient to a step of about ``lr``, so the bias (and through it
+    BatchNorm's running mean) would drift differently on 1 and on N ranks. BatchNorm's own
+    shift (``norms[k].bias``) takes its place."""
 
     def __init__(self, kind: str, *, batch_norm: bool = False, **gnn_kwargs) -> None:
         super().__init__()
@@ -43,6 +49,8 @@ class FullBatchGNN(nn.Module):
         hidden = gnn_kwargs["hidden_dim"]
         count = self.gnn.num_layers - 1 if batch_norm else 0
         self.norms = nn.ModuleList(nn.BatchNorm1d(hidden) for _ in range(count))
+        for layer in list(self.gnn.layers)[:count]:
+            _drop_output_bias(layer)
         self.hyperparameters = {**self.gnn.hyperparameters, "batch_norm": batch_norm}
 
     @property
@@ -79,6 +87,20 @@ class FullBatchGNN(nn.Module):
                 h = self._between(h, k, norm=distributed_batch_norm, partition_starts=graph.partition_starts,
                                   first_partition=graph.first_partition, seed=seed, epoch=epoch)
         return h
+
+
+def _drop_output_bias(layer: nn.Module) -> None:
+    """Remove the bias ``layer`` adds to its output (SAGE's and RGCN's self term carries it,
+    GIN's MLP ends in it; GCN and GAT hold their own)."""
+    if isinstance(layer, (SAGEConv, RGCNConv)):
+        owner = layer.fc_self
+    elif isinstance(layer, GINConv):
+        owner = layer.mlp[-1]
+    else:
+        owner = layer
+    if not isinstance(getattr(owner, "bias", None), nn.Parameter):
+        raise ConfigError(f"{type(layer).__name__}: no output bias to drop before BatchNorm")
+    owner.register_parameter("bias", None)
 
 
 def reference_forward(model: FullBatchGNN, x: torch.Tensor, view: LayerView, *, partition_starts: Sequence[int],

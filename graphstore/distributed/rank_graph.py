@@ -188,14 +188,32 @@ class BlockData:
 
 def load_block_data(store, graph: RankGraph, *, dtype: torch.dtype = torch.float32,
                     splits: tuple[str, ...] = ("train", "valid", "test")) -> BlockData:
-    """Features, labels and node splits of ``graph``'s block (one verified read each)."""
+    """Features, labels and node splits of ``graph``'s block (one verified read each).
+
+    The features go into one tensor allocated once, a partition at a time: the peak is the
+    block's features plus at most one partition's (when the store's dtype is not ``dtype``)."""
     k0, k1 = graph.first_partition, graph.first_partition + len(graph.partition_starts) - 1
-    x = torch.from_numpy(np.concatenate([store.read_features(k) for k in range(k0, k1)])).to(dtype)
-    y = torch.from_numpy(np.concatenate([store.read_labels(k) for k in range(k0, k1)]).astype(np.int64))
     lo, hi = graph.node_range
+    x = _read_block_features(store, range(k0, k1), lo, hi, dtype)
+    y = torch.from_numpy(np.concatenate([store.read_labels(k) for k in range(k0, k1)]).astype(np.int64))
     rows = {}
     for name in splits:
         if name in store.split_names:
             ids = store.read_node_split(name).astype(np.int64)
             rows[name] = torch.from_numpy(ids[(ids >= lo) & (ids < hi)] - lo)
     return BlockData(x, y, rows)
+
+
+def _read_block_features(store, partitions: range, lo: int, hi: int, dtype: torch.dtype) -> torch.Tensor:
+    """float [hi - lo, D] of ``dtype``: each partition read straight into its rows when the
+    store holds ``dtype``, else read and converted into them (no concatenated copy)."""
+    x = torch.empty((hi - lo, store.feature_dim), dtype=dtype)
+    stored = torch.from_numpy(np.empty(0, dtype=np.dtype(store.manifest.feature_dtype))).dtype
+    rows = x.numpy() if stored == dtype else None
+    for k in partitions:
+        a, b = store.partition_range(k)
+        if rows is not None:
+            store.read_rows("nodes/features", a, b, out=rows[a - lo:b - lo])
+        else:
+            x[a - lo:b - lo].copy_(torch.from_numpy(store.read_features(k)))
+    return x

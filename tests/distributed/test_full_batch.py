@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
 from pathlib import Path
 
@@ -140,10 +141,9 @@ def test_a_layer_followed_by_batch_norm_has_no_bias():
     for kind, extra in (("sage", {}), ("gcn", {}), ("gin", {}), ("gat", {"heads": 2}), ("rgcn", {"num_relations": 3})):
         model = FullBatchGNN(kind, batch_norm=True, in_dim=6, hidden_dim=8, out_dim=4, num_layers=3, **extra)
         names = {n for n, _ in model.named_parameters()}
-        last = "gnn.layers.2." + ("fc_self.bias" if kind in ("sage", "rgcn") else "mlp.2.bias" if kind == "gin"
-                                  else "bias")
-        assert last in names, (kind, sorted(names))  # the last layer is not followed by BatchNorm
-        dropped = {last.replace(".2.", f".{k}.") for k in (0, 1)}  # the outputs BatchNorm shifts
+        bias = "fc_self.bias" if kind in ("sage", "rgcn") else "mlp.2.bias" if kind == "gin" else "bias"
+        assert f"gnn.layers.2.{bias}" in names, (kind, sorted(names))  # the last layer has no BatchNorm after it
+        dropped = {f"gnn.layers.{k}.{bias}" for k in (0, 1)}  # the outputs BatchNorm shifts
         assert not dropped & names, kind
         plain = FullBatchGNN(kind, batch_norm=False, in_dim=6, hidden_dim=8, out_dim=4, num_layers=3, **extra)
         assert {n for n, _ in plain.named_parameters()} - names == dropped
@@ -166,12 +166,45 @@ def test_one_and_two_ranks_train_the_same_gat_with_batch_norm_in_float32(store_p
         states[nproc] = torch.load(latest, map_location="cpu", weights_only=False)["model"]
         metrics[nproc] = json.loads(out.read_text())["epochs"]
     one, two = states[1], states[2]
-    assert one.keys() == two.keys() and "gnn.layers.0.bias" not in one
+    assert one.keys() == two.keys()
     diffs = {k: float((one[k] - two[k]).abs().max()) for k in one if one[k].is_floating_point()}
     assert max(diffs.values()) < 5e-4, diffs
+    assert "gnn.layers.0.bias" not in one
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(metrics[1], metrics[2])) < 1e-5
     for split in ("valid", "test"):
         assert [e[split]["acc"] for e in metrics[1]] == [e[split]["acc"] for e in metrics[2]]
+
+
+@pytest.fixture(scope="module")
+def wide_store(tmp_path_factory) -> Path:
+    """48 MiB of float32 features in 8 partitions of 6 MiB: large against the noise of a
+    process's resident set."""
+    import graphstore
+
+    graph, _ = make_graph(num_nodes=49152, num_edges=100000, feature_dim=256, num_classes=4, feature_chunk=4096,
+                          edge_chunk=50000)
+    out = tmp_path_factory.mktemp("wide") / "wide.gs"
+    graphstore.convert(graph, out, num_partitions=8, partitioner="random")
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_loading_a_block_holds_one_copy_of_its_features_and_one_partition(wide_store, dtype):
+    """The kernel's peak resident set during `load_block_data`, in a fresh process, against
+    the features' bytes: one copy in the dtype asked for, plus (converting) one partition as
+    stored. Concatenating the partitions held two copies (three while converting)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, str(HERE / "block_memory_worker.py"), str(wide_store), dtype],
+                          capture_output=True, text=True, env=env, timeout=110, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    m = json.loads(done.stdout)
+    partition_bytes = m["stored_bytes"] // m["num_partitions"]
+    assert m["features_bytes"] == 49152 * 256 * (4 if dtype == "float32" else 8)
+    # One copy, one partition, and 4 MiB for the reader's and the allocator's own.
+    assert m["extra_bytes"] < m["features_bytes"] + partition_bytes + (4 << 20), m
 
 
 def test_rank_blocks_are_contiguous_and_cover_the_partitions():
