@@ -7,6 +7,10 @@ Ownership: rank ``r`` of ``N`` owns a contiguous block of the store's partitions
 those rows once, through the store's verified reads, and serves every other rank's
 requests from memory.
 
+Seeds: the loader gives each rank the targets of its own block (`NodeLoader`'s default
+``seed_assignment="local"``, by this fetch's ``bounds``), so most rows of its rounds are
+its own; every rank still holds the whole graph's structure and samples across it.
+
 A round (`PartitionedFetch.__call__`, from `MacroBatchGather`, once per round of its
 macro-batches): the sorted union is split by owner; ranks exchange request counts (with an
 "active" flag), then the ids, and each owner returns its rows: three ``all_to_all_single``

@@ -24,7 +24,7 @@ from graphstore.loaders.macro import (
 )
 from graphstore.loaders.schemes import SCHEMES
 from graphstore.loaders.settings import NodeLoaderSettings
-from graphstore.loaders.shard import Shard
+from graphstore.loaders.shard import Shard, block_bounds
 from graphstore.loaders.stages import (
     GatherRows,
     MicroBatchSplit,
@@ -35,7 +35,10 @@ from graphstore.loaders.stages import (
 from graphstore.sample import STRATEGIES
 from graphstore.sample.microbatch import DenseSizes
 
-__all__ = ["BALANCE_SKEW", "DEFAULT_MACRO_BATCHES", "NodeLoader", "label_skew"]
+__all__ = ["BALANCE_SKEW", "DEFAULT_MACRO_BATCHES", "SEED_ASSIGNMENTS", "NodeLoader", "label_skew"]
+
+SEED_ASSIGNMENTS = ("interleaved", "local")
+"""How data-parallel ranks divided by batches share the targets (`NodeLoader`'s ``seed_assignment``)."""
 
 DEFAULT_MACRO_BATCHES = 16
 """Mini-batches per macro-batch of the macrobatch scheme when none is given."""
@@ -163,6 +166,14 @@ class NodeLoader(BufferedLoader):
         ``world_size`` ranks (its block of the buffer states when the plan has at least
         ``world_size`` of them, else every ``world_size``-th batch; `graphstore.loaders.shard`).
         ``num_batches`` is then this rank's, ``num_steps`` the most any rank has.
+    seed_assignment : str, optional
+        Divided by batches, which targets rank ``rank`` trains: ``"interleaved"`` (every
+        ``world_size``-th batch of one shared order) or ``"local"`` (the targets of the block
+        of rows it owns, balanced to equal shares, `graphstore.loaders.shard.Shard.local_shares`:
+        a ``feature_fetch``'s ``bounds``, else the full-batch ranks' blocks of partitions;
+        every rank still samples over the whole graph's structure). Default: ``"local"``
+        for the macrobatch scheme (BatchGNN's distributed fetch then asks the others for
+        few rows), ``"interleaved"`` for the schemes that hold their rows.
 
     Examples
     --------
@@ -186,7 +197,8 @@ class NodeLoader(BufferedLoader):
                  macro_batches: int | str | None = None, macro_batch_bytes: int | None = None,
                  feature_cache_bytes: int | None = None, feature_cache: str | None = None,
                  cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD, aggregated: str | None = None,
-                 rank: int = 0, world_size: int = 1, feature_fetch=None, balance_labels: bool | None = False) -> None:
+                 rank: int = 0, world_size: int = 1, feature_fetch=None, balance_labels: bool | None = False,
+                 seed_assignment: str | None = None) -> None:
         if not store.manifest.has_labels:
             raise ConfigError(f"{store.path}: node classification needs labels; the store has none")
         if int(batch_size) < 1:
@@ -223,6 +235,7 @@ class NodeLoader(BufferedLoader):
                 self.label_skew = label_skew(self.plan(0), self.targets // store.partition_size, labels, share)
             if balance_labels or (self.label_skew is not None and self.label_skew > BALANCE_SKEW):
                 self.balance = share
+        self.owner_bounds = self._owner_bounds(seed_assignment, feature_fetch)
         self.micro = self._micro_stage(micro_batches, micro_batch_budget, micro_strategy, step_estimator)
         self.macro = self._macro_stage(macro_batches, macro_batch_bytes, feature_cache_bytes, feature_cache,
                                        cache_lookahead, aggregated, feature_fetch)
@@ -241,7 +254,25 @@ class NodeLoader(BufferedLoader):
             feature_cache=self.macro.cache.policy if self.macro and self.macro.cache else None,
             cache_lookahead=cache_lookahead if self.macro and self.macro.cache else None,
             aggregated=aggregated, world_size=None if self.shard is None else self.shard.world_size,
-            balance_labels=True if self.balance is not None else None, label_skew=self.label_skew)
+            balance_labels=True if self.balance is not None else None, label_skew=self.label_skew,
+            seed_assignment=None if self.shard is None else ("interleaved" if self.owner_bounds is None else "local"))
+
+    def _owner_bounds(self, assignment: str | None, fetch) -> np.ndarray | None:
+        """Store ids where each rank's block of rows starts (then num_nodes) when ranks
+        train their own blocks' targets, else None."""
+        if assignment not in (None, *SEED_ASSIGNMENTS):
+            raise ConfigError(f"seed_assignment must be one of {', '.join(SEED_ASSIGNMENTS)} (got {assignment!r})")
+        if assignment is None:
+            # Macro-batching reads rows by owner (`feature_fetch`) or from the store: with a
+            # rank's targets in its block, its unions are mostly its own rows either way.
+            assignment = "interleaved" if self.scheme_spec.resident_features else "local"
+        if assignment == "interleaved" or self.shard is None:
+            return None
+        s = self.store
+        bounds = getattr(fetch, "bounds", None)
+        return np.asarray(bounds if bounds is not None else
+                          block_bounds(s.num_partitions, s.partition_size, s.num_nodes, self.shard.world_size),
+                          dtype=np.int64)
 
     def _macro_stage(self, macro_batches: int | str | None, budget: int | None, cache_bytes: int | None,
                      cache_policy: str | None, lookahead: int, aggregated: str | None,
@@ -328,7 +359,8 @@ class NodeLoader(BufferedLoader):
         """The stages after the buffer walk, in order."""
         stages: list[Stage] = [
             NodeTargets(self.targets, partition_size=self.store.partition_size, batch_size=self.batch_size,
-                        shuffle=self.shuffle, passes=self._passes, shard=self.shard, balance=self.balance),
+                        shuffle=self.shuffle, passes=self._passes, shard=self.shard, balance=self.balance,
+                        owner_bounds=self.owner_bounds),
             NeighbourSampling(self.fanouts, direction=self.direction),
             GatherRows() if self.macro is None else self.macro,
         ]
@@ -337,15 +369,27 @@ class NodeLoader(BufferedLoader):
     def num_batches(self, epoch: int) -> int:
         """Batches of ``epoch`` (with ``reuse`` passes; states cut batches separately); with
         ``world_size > 1``, this rank's."""
-        per_state = self._state_batches(epoch)
-        if self.shard is None:
-            return sum(per_state)
-        return self.shard.batch_counts(per_state, by_states=self.shard.by_states(len(per_state)))[self.shard.rank]
+        return self._rank_batches(epoch)[0 if self.shard is None else self.shard.rank]
 
     def num_steps(self, epoch: int) -> int:
         """Optimizer steps of ``epoch``: `num_batches`, or with ``world_size > 1`` the most
         batches any rank has (a rank with fewer pads with zero-weight steps)."""
-        return sum(self._state_batches(epoch)) if self.shard is None else self.shard.steps(self._state_batches(epoch))
+        return max(self._rank_batches(epoch))
+
+    def _rank_batches(self, epoch: int) -> list[int]:
+        """Batches of ``epoch`` of every rank (one entry without data parallelism)."""
+        per_state = self._state_batches(epoch)
+        if self.shard is None:
+            return [sum(per_state)]
+        by_states = self.shard.by_states(len(per_state))
+        if self.owner_bounds is None or by_states:
+            return self.shard.batch_counts(per_state, by_states=by_states)
+        plan = self.plan(epoch)
+        counts = [0] * self.shard.world_size
+        for mine, passes in zip(plan.target_states(self.targets // self.store.partition_size), self._passes(plan)):
+            for r, share in enumerate(self.shard.local_shares(self.targets[mine], self.owner_bounds)):
+                counts[r] += passes * math.ceil(share.size / self.batch_size)
+        return counts
 
     def _state_batches(self, epoch: int) -> list[int]:
         """Batches of each state of ``epoch``'s plan, all ranks together."""

@@ -164,17 +164,22 @@ class NodeLoaderSettings(LoaderSettings):
     """With ``balance_labels=None`` (decided by the data): how much further the epoch-0
     states' label mixes are from the split's than random states of their sizes (total
     variation distance, `graphstore.loaders.node.label_skew`), which decided it; else None."""
+    seed_assignment: str | None = None
+    """With ``world_size``: ``"local"`` (each rank trains the targets of the rows it holds,
+    `graphstore.loaders.shard.Shard.local_shares`) or ``"interleaved"`` (every N-th batch),
+    as the loader divided them by batches; None for one process."""
 
     _KINDS: ClassVar[dict[str, str]] = {
         "split": _STR, "fanouts": _INTS, "batch_size": _INT, "reuse": _INT, "shuffle": _BOOL,
         "num_targets": _INT, "micro_batches": _INT, "micro_batch_budget": _INT, "micro_strategy": _STR,
         "macro_batches": _INT, "macro_batch_bytes": _INT, "feature_cache_bytes": _INT, "feature_cache": _STR,
         "cache_lookahead": _INT, "aggregated": _STR, "world_size": _INT,
-        "balance_labels": _BOOL, "label_skew": _FLOAT}
+        "balance_labels": _BOOL, "label_skew": _FLOAT, "seed_assignment": _STR}
     _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"micro_batches", "micro_batch_budget", "micro_strategy",
                                                          "macro_batches", "macro_batch_bytes", "feature_cache_bytes",
                                                          "feature_cache", "cache_lookahead", "aggregated",
-                                                         "world_size", "balance_labels", "label_skew"})
+                                                         "world_size", "balance_labels", "label_skew",
+                                                         "seed_assignment"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -251,10 +251,13 @@ class NodeTargets:
 
     def __init__(self, targets: np.ndarray, *, partition_size: int, batch_size: int, shuffle: bool,
                  passes: Callable[[EpochPlan], list[int]], shard: Shard | None = None,
-                 balance: np.ndarray | None = None) -> None:
+                 balance: np.ndarray | None = None, owner_bounds: np.ndarray | None = None) -> None:
         self.targets, self.partition_size = targets, partition_size
         self.batch_size, self.shuffle, self.passes = batch_size, shuffle, passes
         self.shard = shard
+        # Divided by batches with owner_bounds (store ids where each rank's block of feature
+        # rows starts): each rank trains its own block's targets (`Shard.local_shares`).
+        self.owner_bounds = owner_bounds
         self.balance = None if balance is None else np.asarray(balance, dtype=np.float64)
 
     def _class_weights(self, g, local: torch.Tensor) -> torch.Tensor | None:
@@ -284,15 +287,19 @@ class NodeTargets:
         # Divided by batches, every rank walks every state and draws the same orders, and
         # keeps every N-th batch; divided by states, the walk brought this rank's states only.
         by_batches = self.shard is not None and not self.shard.by_states(len(ctx.plan.states))
+        by_owner = by_batches and self.owner_bounds is not None
         index = 0
         for loaded in states:
             g = loaded.graph
-            local = g.to_local(self.targets[per_state[loaded.index]])
+            mine = self.targets[per_state[loaded.index]]
+            if by_owner:
+                mine = self.shard.local_shares(mine, self.owner_bounds)[self.shard.rank]
+            local = g.to_local(mine)
             weights = self._class_weights(g, local)
             for _ in range(passes[loaded.index]):
                 ids = local[torch.randperm(local.numel(), generator=order_gen)] if self.shuffle else local
                 for start in range(0, ids.numel(), self.batch_size):
-                    if not by_batches or self.shard.takes_batch(index):
+                    if by_owner or not by_batches or self.shard.takes_batch(index):
                         yield TargetBatch(g, ids[start:start + self.batch_size], weights)
                     index += 1
 

@@ -8,7 +8,7 @@ ends, and where one process replaying the ranks' batches with gradient accumulat
 
     torchrun --nproc-per-node 2 tests/distributed/fetch_worker.py STORE OUT_DIR [CASE ...]
 
-CASEs default to B = 1 and B = all. ``fetch-split`` is B = all under a ``macro_batch_bytes``
+CASEs default to B = 1 (every N-th batch) and B = all (each rank its own block's targets). ``fetch-split`` is B = all under a ``macro_batch_bytes``
 that holds about two mini-batches' rows, so each rank's one macro-batch is fetched in
 several collective rounds; run with ``fetch-Ball`` too, it also records how far it ends
 from the unsplit run (``vs_unsplit_max_abs_diff``).
@@ -33,7 +33,9 @@ SEED, EPOCHS = dp_worker.SEED, dp_worker.EPOCHS
 # 105-145 input rows (0.6-0.8 MB), so 1.6 MB holds the union of about two: 2-3 rounds a rank
 # in place of 1, while the samples (kilobytes) never cut the macro-batch short.
 SPLIT_BYTES = 1_600_000
-CASES = {"fetch-B1": ("macrobatch", {"macro_batches": 1}, None),
+# B = 1 with every N-th batch (9 batches: 5 and 4, so the shorter rank pads), B = all with
+# the default assignment (each rank its own block's targets, equal shares).
+CASES = {"fetch-B1": ("macrobatch", {"macro_batches": 1, "seed_assignment": "interleaved"}, None),
          "fetch-Ball": ("macrobatch", {"macro_batches": -1}, None),
          "fetch-split": ("macrobatch", {"macro_batches": -1, "macro_batch_bytes": SPLIT_BYTES}, None)}
 DEFAULT_CASES = ("fetch-B1", "fetch-Ball")

@@ -52,7 +52,8 @@ def test_two_ranks_fetch_from_the_owners_and_train_as_one_process(cora, tmp_path
     assert set(replayed) == {"fetch-B1", "fetch-Ball"}
     for case, r in replayed.items():
         assert r["replay_max_abs_diff"] < 1e-10, (case, r)
-        assert any(len(set(counts)) > 1 for counts in r["batches_per_rank"])  # uneven shares were padded
+        if case == "fetch-B1":  # every N-th batch: uneven shares, padded
+            assert any(len(set(counts)) > 1 for counts in r["batches_per_rank"])
     for case in ("fetch-B1", "fetch-Ball"):
         for epoch in range(2):
             stats = [r["results"][case]["epochs"][epoch]["stats"] for r in ranks]
