@@ -249,6 +249,9 @@ class EdgeLoader(BufferedLoader):
             options["num_logical_partitions"] = num_logical_partitions
         if policy == "disjoint":
             options["world_size"] = int(world_size)
+            # Rounds are padded to their busiest rank: the plan balances the ranks' edges.
+            p = store.num_partitions
+            options["bucket_edges"] = np.diff(store.bucket_offsets).reshape(p, p).T
         # Without it, COMET picks l from the capacity the budget settles on
         # (`default_logical_partitions`: two logical partitions always fit), so every
         # capacity the budget search tries is a valid plan.
