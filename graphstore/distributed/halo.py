@@ -4,15 +4,19 @@ Each layer, every rank prepares its own rows once (the layer's per-source transf
 `partial_sources`, as SAR's owner does: SAGE's and GCN's projection when it narrows the
 rows, GCN's source degree factor with the owner's degrees, GAT's projection and scores,
 RGCN's basis projections), fetches the prepared rows of its whole halo at once (only the
-rows its in-edges read, from every other rank) and aggregates every in-edge in one shot
-under ordinary autograd, which keeps the fetched halo (and GAT's per-edge tensors) until
-backward. Its own rows are read where they lie, never copied beside the halo. The fetch is
-an autograd Function whose backward sends the halo's gradient to its owners.
+rows its in-edges read, from every other rank) and aggregates every in-edge in one pass
+under autograd, which keeps the fetched halo until backward. Its own rows are read where
+they lie, never copied beside the halo. The fetch is an autograd Function whose backward
+sends the halo's gradient to its owners.
 
-What differs from SAR is only what the paper says differs: the halo is fetched whole and
-kept, and the aggregation is one unfused pass (each piece's per-edge tensors whole, as the
-one-shot layers build them) instead of one rank's rows at a time, ``edge_chunk`` edges at a
-time, rematerialized in backward. Exact like SAR.
+The aggregation is what the paper's baseline (DGL's layers) keeps: a sum over edges of
+source rows (`_GatherSum`, DGL's SpMM ``copy_u``/``u_mul_e`` then ``sum``) keeps no per-edge
+tensor for backward, only the indices and, for GAT, the attention logits and weights
+[E, heads] (DGL's GATConv stores them too, unlike SAR's fused attention); RGCN with bases
+keeps its per-edge messages, as DGL's RelGraphConv does. Each piece's per-edge tensors are
+whole while it is aggregated (one pass, unfused). What differs from SAR is only what the
+paper says differs: the halo is fetched whole and kept, and nothing is rematerialized.
+Exact like SAR.
 """
 
 from __future__ import annotations
@@ -95,18 +99,50 @@ class HaloGraph:
         self.graph = graph
 
 
+class _GatherSum(torch.autograd.Function):
+    """``out[d] = sum over edges (s, d) of rows[s] (* weight[e])``, [n, ...] (``weight``
+    [E, H] scales rows [*, H, F]): a sparse-dense product whose backward needs the indices
+    and, with weights, the weights and the rows (held anyway), never a per-edge message;
+    autograd's ``index_add`` would keep the gathered [E, ...] messages of every layer."""
+
+    @staticmethod
+    def forward(ctx, n: int, src: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor,
+                weight: torch.Tensor | None = None) -> torch.Tensor:
+        msg = rows.index_select(0, src)
+        if weight is not None:
+            msg.mul_(weight[..., None])
+        ctx.save_for_backward(src, dst, rows if weight is not None else None, weight)
+        ctx.num_rows = rows.shape[0]
+        return rows.new_zeros((n,) + tuple(rows.shape[1:])).index_add_(0, dst, msg)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        src, dst, rows, weight = ctx.saved_tensors
+        per_edge = grad.index_select(0, dst)
+        grad_weight = None
+        if weight is not None:
+            if ctx.needs_input_grad[4]:
+                grad_weight = (per_edge * rows.index_select(0, src)).sum(-1)
+            per_edge.mul_(weight[..., None])
+        grad_rows = grad.new_zeros((ctx.num_rows,) + tuple(grad.shape[1:])).index_add_(0, src, per_edge)
+        return None, None, None, grad_rows, grad_weight
+
+
 def _linear_sum(layer: nn.Module, kind: str, rows: torch.Tensor,
                 pieces: list[tuple[Piece, tuple[torch.Tensor, ...]]], n: int) -> torch.Tensor:
-    """The in-edge sums of a linear layer (SAGE, GCN, GIN, RGCN) over every piece at once,
-    under autograd (its ``_accumulate``'s in-place sums are recorded like any op)."""
-    if kind == "rgcn":
-        total = rows.new_zeros(n, layer.num_relations, layer.out_dim)
-        count = torch.zeros(n, layer.num_relations, dtype=torch.int64, device=rows.device)
-    else:
-        total = rows.new_zeros((n,) + tuple(rows.shape[1:]))
-        count = torch.zeros(n, dtype=torch.int64, device=rows.device)
-    acc = PartialAggregate(total, count=count)
-    for piece, (source_rows, *_) in pieces:
+    """The in-edge sums of a linear layer (SAGE, GCN, GIN, RGCN) over every piece at once."""
+    if kind == "rgcn" and layer.coeff is None:  # one weight per relation: rows [*, R, out] by relation
+        r, width = layer.num_relations, layer.out_dim
+        total = sum(_GatherSum.apply(n * r, p.src * r + p.rel, p.dst * r + p.rel, rows_p.reshape(-1, width))
+                    for p, (rows_p,) in pieces)
+        return total.view(n, r, width)
+    if kind != "rgcn":
+        return sum(_GatherSum.apply(n, p.src, p.dst, rows_p) for p, (rows_p,) in pieces)
+    # RGCN with bases mixes each edge's rows by its relation's coefficients: its own
+    # ``_accumulate`` under autograd, which keeps the per-edge messages (DGL's does too).
+    acc = PartialAggregate(rows.new_zeros(n, layer.num_relations, layer.out_dim),
+                           count=torch.zeros(n, layer.num_relations, dtype=torch.int64, device=rows.device))
+    for piece, (source_rows,) in pieces:
         layer._accumulate(acc, PartialSources(source_rows), piece.src, piece.dst, piece.rel)
     return acc.total
 
@@ -114,7 +150,7 @@ def _linear_sum(layer: nn.Module, kind: str, rows: torch.Tensor,
 def _gat(layer: nn.Module, x: torch.Tensor, score_src: torch.Tensor,
          pieces: list[tuple[Piece, tuple[torch.Tensor, ...]]]) -> torch.Tensor:
     """GAT over every piece at once: the one-shot layer's softmax (edges and the self loop,
-    shifted by each destination's maximum), every per-edge tensor kept by autograd."""
+    shifted by each destination's maximum); autograd keeps each edge's logit and weight."""
     score_dst = (x * layer.attn_dst).sum(-1)                               # as partial_begin
     self_logits = layer._logits(score_src, score_dst)                     # [n, H]
     logits = [layer._logits(s.index_select(0, p.src), score_dst.index_select(0, p.dst)) for p, (_, s) in pieces]
@@ -127,7 +163,7 @@ def _gat(layer: nn.Module, x: torch.Tensor, score_src: torch.Tensor,
     for (p, (rows, _)), lg in zip(pieces, logits, strict=True):
         weight = torch.exp(lg - top.index_select(0, p.dst))                                 # [E, H]
         denom = denom.index_add(0, p.dst, weight)
-        total = total.index_add(0, p.dst, rows.index_select(0, p.src) * weight[..., None])
+        total = total + _GatherSum.apply(x.shape[0], p.src, p.dst, rows, weight)
     return layer.partial_finish(PartialAggregate(total, denom=denom))
 
 
