@@ -259,13 +259,16 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
     # partition_memory_bytes.
     if opts.partitioner:
         method, method_rule = opts.partitioner, "--partitioner"
-    elif graph.format == "kg" and graph.features is None:
-        # A knowledge graph trains learnable embeddings without sampling neighbours, so
-        # METIS's communities buy no neighbourhoods, and they make a disk epoch's states
-        # train far-from-average relation mixes in turn: at 16 partitions METIS left disk
-        # training 1.9 points of MRR under in-memory training on an FB15k-237-shaped graph,
-        # random partitions none (docs/benchmarks.md, "Link prediction"). MariusGNN's choice.
-        method, method_rule = "random", "default for a knowledge graph without features (MariusGNN's)"
+    elif graph.features is None:
+        # A graph without features trains learnable embeddings (link prediction), whose
+        # batches read their endpoints' and negatives' rows, not neighbourhoods: METIS's
+        # communities buy nothing, and they make a disk epoch's states train far-from-average
+        # parts of the graph in turn. At 16 partitions METIS left disk training 1.9 points of
+        # MRR under in-memory training on an FB15k-237-shaped knowledge graph, random
+        # partitions none; on ogbl-ddi at 4 of 8 partitions, valid Hits@20 0.17 against 0.30 in
+        # memory, random partitions 0.22 (docs/benchmarks.md, "Link prediction"). MariusGNN's
+        # choice for its embedding training.
+        method, method_rule = "random", "default for a graph without features (learnable embeddings; MariusGNN's)"
     else:
         method = "metis" if staged.num_edges <= METIS_AUTO_MAX_EDGES else "stream"
         method_rule = f"default: metis up to {METIS_AUTO_MAX_EDGES} edges, stream above"

@@ -192,8 +192,9 @@ def test_default_partitions_of_a_large_narrow_graph_follow_the_bytes(tmp_path):
 
 
 def test_a_knowledge_graph_is_partitioned_randomly_by_default(tmp_path):
-    """KG sources without features default to random partitions (the rule is recorded);
-    --partitioner still decides, and other sources keep METIS."""
+    """Sources without features (a knowledge graph, ogbl-ddi) default to random partitions
+    (the rule is recorded); --partitioner still decides, and sources with features keep
+    METIS."""
     root = tmp_path / "kg"
     root.mkdir()
     rng = np.random.default_rng(0)
@@ -202,11 +203,15 @@ def test_a_knowledge_graph_is_partitioned_randomly_by_default(tmp_path):
                                                           rng.integers(0, 200, count))]
         (root / f"{name}.txt").write_text("\n".join(lines) + "\n")
     m = graphstore.convert(root, tmp_path / "kg.gs", num_partitions=4)
-    assert m.partitioner["method"] == "random" and "knowledge graph" in m.partitioner["method_rule"]
+    assert m.partitioner["method"] == "random" and "without features" in m.partitioner["method_rule"]
     m = graphstore.convert(root, tmp_path / "kg_metis.gs", num_partitions=4, partitioner="metis")
     assert m.partitioner["method"] == "metis" and m.partitioner["method_rule"] == "--partitioner"
     graph, _ = make_graph(num_nodes=300, num_edges=1500)
     assert convert(graph, tmp_path / "g.gs", ConvertOptions(num_partitions=3)).partitioner["method"] == "metis"
+    featureless, _ = make_graph(num_nodes=300, num_edges=1500, feature_dim=0)  # as ogbl-ddi
+    assert featureless.features is None
+    m = convert(featureless, tmp_path / "plain.gs", ConvertOptions(num_partitions=3))
+    assert m.partitioner["method"] == "random" and "without features" in m.partitioner["method_rule"]
 
 
 # ------------------------------------------------------------------------- atomicity

@@ -85,8 +85,9 @@ def test_shared_dataset_round_trip(name, shared_data, tmp_path):
     assert (m.num_nodes, m.num_edges, m.feature_dim, m.num_classes, m.num_relations) == (
         nodes, edges, dim, classes, relations)
     assert m.directed is (relations > 0)
-    # Knowledge graphs (no features) are partitioned randomly by default, the others by METIS.
-    assert m.partitioner["method"] == ("random" if relations else "metis") and 0 < m.partitioner["edge_cut"] < 1
+    # Graphs without features (knowledge graphs, ogbl-ddi) are partitioned randomly by default,
+    # the others by METIS.
+    assert m.partitioner["method"] == ("metis" if dim else "random") and 0 < m.partitioner["edge_cut"] < 1
     if splits is not None:
         assert m.splits == splits
     else:  # generated: 20 per class train, 30 per class valid, rest test, seeded
