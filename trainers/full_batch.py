@@ -97,7 +97,8 @@ class FullBatchOptions(Options):
     normalize_features: str = option("none", choices=("none", "row"),
                                      help="row: divide each input feature row by its L1 norm (PyG's NormalizeFeatures)")
     edge_chunk: int = option(DEFAULT_EDGE_CHUNK, type=positive_int,
-                             help="SAR: edges aggregated at a time (bounds every per-edge tensor)")
+                             help="SAR: edges aggregated at a time, at most (bounds every per-edge tensor; also at most an "
+                                  "eighth of the rank's own in-edges, so the buffers shrink as ranks are added)")
     unfused: bool = option(False, help="SAR: aggregate each rank's edges whole (per-edge tensors of a whole piece)")
     prefetch: bool = option(True, flag="--no-prefetch", help="SAR: fetch the next rank's rows while aggregating")
     dtype: str = option("float32", choices=("float32", "float64"))
