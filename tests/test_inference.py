@@ -96,17 +96,22 @@ def test_spilled_accumulators_and_scratch_rows_are_checked(cora, tmp_path):
         rows.read(1)
 
 
-def test_rgcn_over_relations(tmp_path):
+@pytest.mark.parametrize("relations, bases", [(3, 2), (3, None), (40, None)],
+                         ids=["bases", "per-relation", "many-relations"])
+def test_rgcn_over_relations(tmp_path, relations, bases):
+    """Exact in the compact form too: sums per destination with every relation's count known
+    up front, and (one weight per relation, R x out wider than the input) the input rows as
+    sources, projected per edge by its relation's weight."""
     from graphstore.layout._convert import ConvertOptions, convert
     from tests.conftest import make_graph
 
-    graph, _ = make_graph(num_nodes=300, num_edges=2500, directed=True, num_relations=3)
+    graph, _ = make_graph(num_nodes=300, num_edges=2500, directed=True, num_relations=relations)
     out = tmp_path / "kg.gs"
     convert(graph, out, ConvertOptions(num_partitions=5, partitioner="random", seed=2))
     with graphstore.open(out) as store:
         torch.manual_seed(0)
         model = GNN("rgcn", in_dim=store.feature_dim, hidden_dim=12, out_dim=4, num_layers=2,
-                    num_relations=store.num_relations, num_bases=2).eval()
+                    num_relations=store.num_relations, num_bases=bases).eval()
         p = store.num_partitions
         parts = [store.read_bucket(i, j) for j in range(p) for i in range(p)]
         src, dst, rel = (torch.from_numpy(np.concatenate([b[k] for b in parts]).astype(np.int64)) for k in range(3))

@@ -78,7 +78,7 @@ from graphstore.buffer.policies import plan_epoch
 from graphstore.buffer.slots import assign_slots, slots_needed
 from graphstore.errors import ConfigError, CorruptStoreError
 from graphstore.layout.store import Store
-from graphstore.nn import GNN, PartialAggregate, PartialSources
+from graphstore.nn import GNN, PartialAggregate, PartialSources, RGCNConv
 
 __all__ = ["InferenceStats", "ScratchRows", "infer_layerwise", "min_buffer_bytes"]
 
@@ -277,10 +277,21 @@ def _trim() -> None:
         _MALLOC_TRIM(0)
 
 
+def _compact(layer) -> tuple[dict, dict]:
+    """Extra arguments of ``partial_sources`` and ``partial_begin`` for one zero row: an RGCN
+    runs in its compact form here (sums per destination with every relation's count known
+    up front, input rows as sources where projecting them by every relation would widen
+    them; `RGCNConv.partial_begin`), which `_Walk` feeds with each block's counts."""
+    if not isinstance(layer, RGCNConv):
+        return {}, {}
+    return {"compact": True}, {"relation_counts": torch.ones(1, layer.num_relations, dtype=torch.int32)}
+
+
 def _acc_fields(layer) -> dict[str, torch.Tensor]:
     """The fields of a layer's accumulator but the self term, as one zero row's."""
     with torch.no_grad():
-        acc = layer.partial_begin(torch.zeros(1, layer.in_dim), degrees_dst=torch.zeros(1, dtype=torch.int64))
+        acc = layer.partial_begin(torch.zeros(1, layer.in_dim), degrees_dst=torch.zeros(1, dtype=torch.int64),
+                                  **_compact(layer)[1])
     return {f.name: getattr(acc, f.name) for f in fields(acc)
             if f.name != "own" and getattr(acc, f.name) is not None}
 
@@ -290,8 +301,9 @@ def _row_bytes(layer, kind: str) -> tuple[int, int, int]:
     excluded) and of its self term, read off the partial form of one zero row."""
     with torch.no_grad():
         h, degrees = torch.zeros(1, layer.in_dim), torch.zeros(1, dtype=torch.int64)
-        sources = layer.partial_sources(h, degrees_src=degrees)
-        acc = layer.partial_begin(h, degrees_dst=degrees)
+        source_kw, begin_kw = _compact(layer)
+        sources = layer.partial_sources(h, degrees_src=degrees, **source_kw)
+        acc = layer.partial_begin(h, degrees_dst=degrees, **begin_kw)
 
     def size(item, name):
         value = getattr(item, name)
@@ -599,6 +611,9 @@ class _Walk:
         prepared: dict[str, ScratchRows] = {}
         self.own: ScratchRows | None = None
 
+        source_kw, _ = _compact(layer)
+        rgcn = bool(source_kw)
+
         def read_input(k: int):
             if source is not None:
                 block = source.read(k)
@@ -606,21 +621,23 @@ class _Walk:
                 block = input_rows(k) if input_rows is not None else store.read_features(k)
             block = np.asarray(block, dtype=np.float32)
             deg = store.read_rows("nodes/in_degree", *store.partition_range(k)) if gcn else None
-            return block, deg
+            counts = self._relation_counts(k, layer.num_relations) if rgcn else None
+            return block, deg, counts
 
         try:
             with torch.no_grad(), _Pipeline(read_input, p, prefetch=self.prefetch) as pipe:
                 for k in range(p):
-                    block, deg = pipe.take(k)
+                    block, deg, counts = pipe.take(k)
                     pipe.start(k + 1)
-                    nbytes = block.nbytes + (0 if deg is None else deg.nbytes)
+                    nbytes = block.nbytes + (0 if deg is None else deg.nbytes) + self._count_bytes(k, counts)
                     self._add(bytes_read=nbytes, planned_bytes=nbytes)
                     rows = torch.from_numpy(block)
                     if transform is not None:
                         rows = transform(rows)
                     degrees = None if deg is None else torch.from_numpy(np.asarray(deg, dtype=np.int64))
-                    sources = layer.partial_sources(rows, degrees_src=degrees)
-                    acc = layer.partial_begin(rows, degrees_dst=degrees)
+                    begin_kw = {} if counts is None else {"relation_counts": torch.from_numpy(counts)}
+                    sources = layer.partial_sources(rows, degrees_src=degrees, **source_kw)
+                    acc = layer.partial_begin(rows, degrees_dst=degrees, **begin_kw)
                     del rows, block
                     for f in fields(sources):
                         value = getattr(sources, f.name)
@@ -645,7 +662,7 @@ class _Walk:
                         self._add(spill_bytes=written, bytes_written=written)
                     # Nothing of partition k may outlive its turn: the walk's budget does not
                     # count a prepare pass's rows.
-                    del sources, acc, deg, degrees
+                    del sources, acc, deg, degrees, counts, begin_kw
             _trim()
             self._aggregate(prepared, capacity, buffer_bytes)
             _trim()
@@ -656,6 +673,27 @@ class _Walk:
         if not self.finished.all():
             missing = np.flatnonzero(~self.finished)[:5].tolist()
             raise AssertionError(f"layer {l}: partitions {missing} never finished (a plan without their buckets)")
+
+    def _relation_counts(self, k: int, num_relations: int) -> np.ndarray:
+        """[P_k, R] int32: partition k's in-edges per destination and relation, from the
+        relations and destinations of its column of buckets (contiguous: edges are stored by
+        destination partition), read once per layer (in the prepare pass's reading thread:
+        the caller counts the bytes, ``hi - lo`` edges of both arrays)."""
+        store, p = self.store, self.store.num_partitions
+        lo, hi = int(store.bucket_offsets[k * p]), int(store.bucket_offsets[(k + 1) * p])
+        dst, rel = store.read_many([("edges/dst", lo, hi, None), ("edges/rel", lo, hi, None)])
+        start, stop = store.partition_range(k)
+        group = (dst.astype(np.int64) - start) * num_relations + rel.astype(np.int64)
+        return np.bincount(group, minlength=(stop - start) * num_relations).astype(np.int32).reshape(
+            stop - start, num_relations)
+
+    def _count_bytes(self, k: int, counts: np.ndarray | None) -> int:
+        """Bytes `_relation_counts` read for partition k (none without counts)."""
+        if counts is None:
+            return 0
+        p = self.store.num_partitions
+        edges = int(self.store.bucket_offsets[(k + 1) * p]) - int(self.store.bucket_offsets[k * p])
+        return edges * (self.store.array("edges/dst").dtype.itemsize + self.store.array("edges/rel").dtype.itemsize)
 
     def _finish(self, k: int, acc: PartialAggregate) -> None:
         if self.own is not None:
@@ -708,7 +746,9 @@ class _Walk:
             temporaries = 8 * 4 * layer.heads
             update_edges = max(update_edges, P)
         elif self.model.kind == "rgcn":
-            temporaries = 3 * 8  # the (destination, relation) groups, the gather index, the bincount's input
+            # Compact form: each edge's message [out] besides its gathered row, and the sort
+            # order, the sorted relations, the group sizes and the scale.
+            temporaries = 4 * _out_width(layer) + 4 * 8
         else:
             temporaries = 0
         return _Costs(prepare=prepare, slot=P * (source_row + acc_row), finish=finish,
