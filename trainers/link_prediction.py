@@ -214,16 +214,10 @@ class LinkPredictionOptions(CommonOptions):
     eval_mode: str | None = option(
         None, flag="--eval", choices=("filtered", "unfiltered", "ogb"),
         help="ranking protocol (default ogb when the valid split ships negatives, else filtered)")
-    epochs: int = option(200, type=positive_int, run_only=True,
-                         help="most epochs (default 200); --patience usually stops sooner")
     patience: int = option(
         5, type=non_negative_int, run_only=True, metavar="P",
         help="stop once validation has not improved for P epochs (default 5; 0: run every epoch); the "
              "best-validation model (embeddings included) is restored and tested once at the end")
-    eval_every: int | None = option(
-        None, type=positive_int, run_only=True, metavar="N",
-        help="evaluate on validation every N epochs and after the last (default: after an epoch when evaluation "
-             "so far plus one more fits within the training time so far, so it stays within half of the run)")
     eval_encoder: str = option(
         "memory", choices=("memory", "exact"), run_only=True,
         help="how the encoder's representation of every node is computed for ranking: memory (the whole "
@@ -599,14 +593,18 @@ class Trainer:
 
     # -------------------------------------------------------------- model selection
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, reps: torch.Tensor) -> dict[str, Any]:
         """What restores this point of training for scoring: the model's parameters (every
         rank) and, with learnable embeddings, their values as the store holds them now
-        (rank 0, the writer; [N, d] float32, what one evaluation already reads whole)."""
+        (rank 0, the writer; [N, d] float32). ``reps``: the evaluation's representations,
+        which without an encoder (and not on a device) are those values, read already."""
         state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         values = None
         if self.use_embeddings and self.rank == 0:
-            values = torch.from_numpy(np.ascontiguousarray(self.table.read_all()[:, 0]))
+            reused = self.model.encoder is None and reps.device.type == "cpu"
+            # contiguous: reps is a view of the [N, 2, d] table read (values and state)
+            values = reps.contiguous() if reused else torch.from_numpy(
+                np.ascontiguousarray(self.table.read_all()[:, 0]))
         return {"model": state, "embeddings": values}
 
     def restore(self, snapshot: dict[str, Any] | None, *, best_epoch: int, last_epoch: int) -> None:
@@ -925,7 +923,8 @@ def _train(args: LinkPredictionOptions) -> int:
             valid = None
             # Validation only: the test split is scored once, at the end, on the selected model.
             if common.should_evaluate(args, epoch, train_s, eval_s, last_eval_s):
-                valid = trainer.evaluate(trainer.representations(), "valid")
+                reps = trainer.representations()
+                valid = trainer.evaluate(reps, "valid")
             t2 = time.perf_counter()
             eval_s += t2 - t1
             if valid is not None:
@@ -935,7 +934,8 @@ def _train(args: LinkPredictionOptions) -> int:
                       "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io}
             history.append(record)
             if valid is not None and (best is None or valid[key] > best["valid"][key]):
-                best, snapshot = record, trainer.snapshot()
+                best, snapshot = record, trainer.snapshot(reps)
+            reps = None  # [N, d]: not held through the next epoch
             shown = f"valid {_summary(valid)}  (+{t2 - t1:.2f} s eval)" if valid is not None else "(not evaluated)"
             say(f"epoch {epoch + 1}/{args.epochs}  loss {loss:.4f}  {shown}  {t1 - t0:.2f} s  "
                 f"read {common.mib(io['bytes_read'])}  "

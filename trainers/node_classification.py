@@ -218,16 +218,10 @@ class NodeClassificationOptions(CommonOptions):
         None, type=positive_int, metavar="B",
         help="targets per training batch (default: min(1000, max(64, train split / 8)), so an epoch is several "
              "optimizer steps even on a 20-per-class split)")
-    epochs: int = option(200, type=positive_int, run_only=True,
-                         help="most epochs (default 200); --patience usually stops sooner")
     patience: int = option(
         20, type=non_negative_int, run_only=True, metavar="P",
         help="stop once neither validation accuracy nor validation loss has improved for P epochs (default 20; "
              "0: run every epoch); the best-validation-accuracy model is restored and tested once at the end")
-    eval_every: int | None = option(
-        None, type=positive_int, run_only=True, metavar="N",
-        help="evaluate on validation every N epochs and after the last (default: after an epoch when evaluation "
-             "so far plus one more fits within the training time so far, so it stays within half of the run)")
     balance_labels: str = option(
         "off", choices=("auto", "on", "off"),
         help="weigh each buffer state's loss by class so its targets have the training split's label mix (a few "

@@ -318,7 +318,13 @@ class CommonOptions(Options):
     buffer_bytes: int | None = option(None, type=byte_size, metavar="B",
                                       help="buffer budget in bytes instead of partitions, e.g. 512MiB")
     batch_size: int = option(1000, type=positive_int)
-    epochs: int = option(10, type=positive_int, run_only=True)
+    epochs: int = option(200, type=positive_int, run_only=True,
+                         help="most epochs (default 200); --patience usually stops sooner")
+    eval_every: int | None = option(
+        None, type=positive_int, run_only=True, metavar="N",
+        help="evaluate on validation every N epochs and after the last (default: after an epoch when evaluation "
+             "so far plus one more fits within the training time so far, so it stays within half of the run; "
+             "common.should_evaluate)")
     lr: float = option(0.01, type=float, help="learning rate")
     seed: int = option(0, type=int, help="with the epoch number, every random choice (init, sampling, dropout)")
     device: str = option("cpu", choices=("cpu", "cuda"), run_only=True)

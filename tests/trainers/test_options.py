@@ -161,9 +161,10 @@ def test_help_lists_every_field(options):
 
 
 def test_run_only_options_are_the_ones_resume_may_change():
-    assert common.RUN_ONLY == {"config", "resume", "epochs", "metrics_out", "checkpoint_dir", "device", "store",
-                               "derived"}
-    assert nc.NodeClassificationOptions.run_only_names() - common.RUN_ONLY == {"patience", "eval_every"}
+    assert common.RUN_ONLY == {"config", "resume", "epochs", "eval_every", "metrics_out", "checkpoint_dir", "device",
+                               "store", "derived"}
+    assert nc.NodeClassificationOptions.run_only_names() - common.RUN_ONLY == {"patience"}
+    assert lp.LinkPredictionOptions.run_only_names() - common.RUN_ONLY == {"patience", "eval_encoder"}
 
 
 def test_metrics_config_keys_are_unchanged(cora_store, fresh_kg, tmp_path):
