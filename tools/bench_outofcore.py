@@ -372,16 +372,14 @@ def child_graphstore(spec: dict) -> dict:
             "buffer_memory_bytes": buffer_memory, "child_max_rss_bytes": _max_rss_bytes()}
 
 
-def child_dgl(spec: dict) -> dict:
+def load_dgl_inputs(spec: dict) -> tuple:
+    """``(graph, labels, features)`` for a DGL child: the int64 CSC of ``spec["indptr"]`` and
+    ``spec["indices"]`` as a CSC-only DGL graph, the labels, and the feature file as a
+    read-only ``np.memmap`` (``MADV_RANDOM`` when ``spec["madvise_random"]``)."""
+    import dgl
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
-    torch.set_num_threads(spec["threads"])
-    import dgl
-    from dgl.nn import SAGEConv
-
-    t_setup = time.perf_counter()
     n, d = spec["num_nodes"], spec["feature_dim"]
     # One copy of the structure: DGL wraps these tensors without copying (measured: RSS
     # grows by the arrays' size only), the smallest footprint DGL can have for it.
@@ -395,6 +393,44 @@ def child_dgl(spec: dict) -> dict:
     if spec["madvise_random"]:
         # A fault then reads the faulting page only, not read_ahead_kb around it.
         feats._mmap.madvise(mmap.MADV_RANDOM)
+    return g, labels, feats
+
+
+def dgl_sage(spec: dict):
+    """DGL's GraphSage (mean) with the trainer's shape: ``len(spec["fanouts"])`` layers,
+    ``spec["hidden"]`` wide, ReLU and ``spec.get("dropout", 0)`` dropout between layers."""
+    import torch
+    import torch.nn.functional as F
+    from dgl.nn import SAGEConv
+
+    dims = [spec["feature_dim"]] + [spec["hidden"]] * (len(spec["fanouts"]) - 1) + [spec["num_classes"]]
+    dropout = float(spec.get("dropout", 0.0))
+
+    class Sage(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(SAGEConv(a, b, "mean") for a, b in itertools.pairwise(dims))
+
+        def forward(self, blocks, h):
+            for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+                h = layer(block, h)
+                if i + 1 < len(self.layers):
+                    h = F.dropout(F.relu(h), dropout, self.training)
+            return h
+
+    return Sage()
+
+
+def child_dgl(spec: dict) -> dict:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(spec["threads"])
+    import dgl
+
+    t_setup = time.perf_counter()
+    g, labels, feats = load_dgl_inputs(spec)
     sampler = GatheringSampler(dgl.dataloading.NeighborSampler(list(spec["fanouts"])[::-1]),  # input layer first
                                feats, labels)
     workers = int(spec["num_workers"])
@@ -408,21 +444,8 @@ def child_dgl(spec: dict) -> dict:
         return dgl.dataloading.DataLoader(g, torch.from_numpy(targets.astype(np.int64)), sampler,
                                           batch_size=spec["batch_size"], shuffle=shuffle, drop_last=False, **kwargs)
 
-    class Sage(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            dims = [d] + [spec["hidden"]] * (len(spec["fanouts"]) - 1) + [spec["num_classes"]]
-            self.layers = torch.nn.ModuleList(SAGEConv(a, b, "mean") for a, b in itertools.pairwise(dims))
-
-        def forward(self, blocks, h):
-            for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-                h = layer(block, h)
-                if i + 1 < len(self.layers):
-                    h = F.relu(h)
-            return h
-
     torch.manual_seed(spec["seed"])
-    model = Sage()
+    model = dgl_sage(spec)
     opt = torch.optim.Adam(model.parameters(), lr=spec["lr"])
     train = loader_for(np.load(spec["targets"]), shuffle=True, persistent=True)
     setup_s = time.perf_counter() - t_setup

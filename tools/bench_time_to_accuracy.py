@@ -766,8 +766,6 @@ def child_dgl_tta(spec: dict) -> None:
     ``patience`` epochs without improvement; the best model is scored once on valid and test.
     """
     import copy
-    import itertools
-    import mmap
 
     import numpy as np
     import torch
@@ -775,19 +773,10 @@ def child_dgl_tta(spec: dict) -> None:
 
     torch.set_num_threads(spec["threads"])
     import dgl
-    from dgl.nn import SAGEConv
 
     started = time.perf_counter()
     torch.manual_seed(spec["seed"])
-    n, d = spec["num_nodes"], spec["feature_dim"]
-    indptr = torch.from_numpy(np.load(spec["indptr"]))
-    indices = torch.from_numpy(np.load(spec["indices"]))
-    g = dgl.graph(("csc", (indptr, indices, torch.empty(0, dtype=torch.int64))), num_nodes=n).formats("csc")
-    del indptr, indices
-    labels = torch.from_numpy(np.load(spec["labels"]).astype(np.int64))
-    feats = np.memmap(spec["features"], dtype=np.float32, mode="r", shape=(n, d))
-    if spec["madvise_random"]:
-        feats._mmap.madvise(mmap.MADV_RANDOM)
+    g, labels, feats = bench_outofcore.load_dgl_inputs(spec)
     ids = {s: np.load(spec[f"{s}_ids"]).astype(np.int64) for s in ("train", "valid", "test")}
     workers = int(spec["num_workers"])
 
@@ -807,20 +796,7 @@ def child_dgl_tta(spec: dict) -> None:
         norm = x.abs().sum(dim=1, keepdim=True)
         return x / torch.where(norm > 0, norm, torch.ones_like(norm))
 
-    class Sage(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            dims = [d] + [spec["hidden"]] * (len(spec["fanouts"]) - 1) + [spec["num_classes"]]
-            self.layers = torch.nn.ModuleList(SAGEConv(a, b, "mean") for a, b in itertools.pairwise(dims))
-
-        def forward(self, blocks, h):
-            for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-                h = layer(block, h)
-                if i + 1 < len(self.layers):
-                    h = F.dropout(F.relu(h), spec["dropout"], self.training)
-            return h
-
-    model = Sage()
+    model = bench_outofcore.dgl_sage(spec)
     opt = torch.optim.Adam(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
     train = loader("train", spec["fanouts"], spec["batch_size"], True)
     evaluation = {s: loader(s, spec["eval_fanouts"], spec["eval_batch_size"], False)

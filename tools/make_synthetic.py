@@ -918,6 +918,27 @@ def _prepare_output(out: Path, overwrite: bool) -> Path:
     return tmp
 
 
+@contextlib.contextmanager
+def _written_atomically(out: Path, overwrite: bool) -> Iterator[Path]:
+    """Yield a fresh sibling directory (`_prepare_output`) to write the dataset into; on
+    success it replaces ``out`` by one rename, on any error it is removed."""
+    tmp = _prepare_output(out, overwrite)
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_summary(directory: Path, summary: dict) -> None:
+    with open(directory / "synthetic.json", "w") as fh:
+        json.dump(summary, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+
+
 def generate(cfg: SyntheticConfig) -> dict:
     """Write the dataset described by ``cfg`` and return its summary (as in the json).
 
@@ -942,20 +963,10 @@ def generate(cfg: SyntheticConfig) -> dict:
     model = _Model(cfg)
     logger.info("model: E=%d, x0=%.4g (max expected degree %.0f), feature sigma=%.4g",
                 model.num_edges, model.x0, model.expected_max_degree(model.x0), model.sigma)
-    out = Path(cfg.out)
-    tmp = _prepare_output(out, cfg.overwrite)
-    try:
+    with _written_atomically(Path(cfg.out), cfg.overwrite) as tmp:
         summary = _write_all(cfg, model, fractions, tmp)
         summary["timing"]["total_s"] = round(time.perf_counter() - t_start, 3)
-        with open(tmp / "synthetic.json", "w") as fh:
-            json.dump(summary, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _write_summary(tmp, summary)
     return summary
 
 
@@ -1374,9 +1385,7 @@ def write_kg(out: Path, cfg: KGConfig, *, overwrite: bool = False) -> dict:
     ``graphstore convert OUT store.gs --format kg`` reads it."""
     t0 = time.perf_counter()
     kg = generate_kg(cfg)
-    out = Path(out)
-    tmp = _prepare_output(out, overwrite)
-    try:
+    with _written_atomically(Path(out), overwrite) as tmp:
         for name in ("train", "valid", "test"):
             triples = kg[name]
             lines = [f"e{h}\tr{r}\te{o}\n" for h, r, o in triples.tolist()]
@@ -1393,15 +1402,7 @@ def write_kg(out: Path, cfg: KGConfig, *, overwrite: bool = False) -> dict:
                        "top10": np.sort(degree)[::-1][:10].tolist()},
             "timing": {"total_s": round(time.perf_counter() - t0, 3)},
         }
-        with open(tmp / "synthetic.json", "w") as fh:
-            json.dump(summary, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _write_summary(tmp, summary)
     return summary
 
 
