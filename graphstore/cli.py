@@ -233,7 +233,9 @@ def _run_convert(args: argparse.Namespace) -> int:
           f"{m.num_classes} classes, {m.num_relations} relations")
     print(f"  source {m.source['format']} {m.source['name']}: {conv['source_edges']:,} edges read, "
           f"{conv['self_loops']:,} self loops {'kept' if conv['keep_self_loops'] else 'dropped'}, "
-          f"{conv['duplicates_merged']:,} duplicate edges {'kept' if conv['keep_duplicates'] else 'merged'}")
+          f"{conv['duplicates']:,} duplicate edges {'kept' if conv['keep_duplicates'] else 'merged'}"
+          + ("" if m.directed else f", {conv['reverse_edges_added']:,} reverse edges added "
+             f"({conv['reverse_edges_present']:,} listed both ways already)"))
     print(f"  partitions: {m.num_partitions} x {m.partition_size:,} nodes by {part['method']} "
           f"({part['num_partitions_rule']}), edge cut {part['edge_cut']:.1%}")
     print("  splits: " + (", ".join(f"{k} {v:,} {m.split_kinds[k]}" for k, v in m.splits.items()) or "none")

@@ -72,6 +72,22 @@ def test_a_reader_that_stops_reading_ends_the_output_quietly(edge_list, tmp_path
         assert proc.wait(timeout=300) == 141 and err == ""
 
 
+def test_convert_says_a_symmetric_source_lists_its_edges_both_ways(tmp_path):
+    """The summary line counts the rows a source repeats as duplicates, and the edges it
+    already lists both ways apart (issue 31, 7: they were all "duplicate edges merged")."""
+    pairs = [(u, u + 1 + k) for u in range(30) for k in range(2)]
+    rows = pairs + [(v, u) for u, v in pairs] + pairs[:3] + [(40, 41)]  # 3 repeats, 1 edge one way
+    (tmp_path / "sym").mkdir()
+    np.savetxt(tmp_path / "sym" / "edges.txt", np.array(rows), fmt="%d")
+    np.save(tmp_path / "sym" / "labels.npy", np.arange(42) % 2)
+    proc = run("convert", tmp_path / "sym", tmp_path / "g.gs", "--partitions", "2")
+    assert ("124 edges read, 0 self loops dropped, 3 duplicate edges merged, "
+            "1 reverse edges added (120 listed both ways already)") in proc.stdout
+    assert "122 edges (both directions)" in proc.stdout
+    proc = run("convert", tmp_path / "sym", tmp_path / "d.gs", "--partitions", "2", "--directed")
+    assert "124 edges read, 0 self loops dropped, 3 duplicate edges merged\n" in proc.stdout
+
+
 def test_bad_usage_exits_2(tmp_path):
     run("convert", check_code=2)
     run("convert", "a", "b", "--partitions", "0", check_code=2)

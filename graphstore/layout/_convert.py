@@ -291,7 +291,8 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
     with _phase("write features", timings):
         feature_dtype = write_features(layout, graph, store_id, work, opts.progress)
     with _phase("write edges", timings):
-        num_edges, cut_edges = write_edges(layout, staged, store_id, work, opts.chunk_edges, opts.keep_duplicates)
+        stored = write_edges(layout, staged, store_id, work, opts.chunk_edges, opts.keep_duplicates)
+        num_edges, cut_edges = stored.num_edges, stored.cut_edges
     with _phase("write splits", timings):
         split_counts, split_kinds = write_splits(layout, graph, store_id, work)
     with _phase("hubs", timings):
@@ -335,7 +336,14 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
             "cut_edges": int(cut_edges),
             "info": jsonable(partition_info),
         },
-        conversion={**edge_counts, "duplicates_merged": edge_counts["staged_edges"] - num_edges,
+        # Merging counts a source's repeats as duplicates, never the reverses an undirected
+        # conversion adds: a source listing both directions is told so, not given millions
+        # of "duplicates" (num_edges == source_edges - self_loops_dropped - duplicates_merged
+        # + reverse_edges_added).
+        conversion={**edge_counts, "duplicates": stored.duplicates,
+                    "duplicates_merged": stored.duplicates_merged,
+                    "reverse_edges_present": stored.reverse_edges_present,
+                    "reverse_edges_added": stored.reverse_edges_added,
                     "keep_self_loops": _keeps_self_loops(graph, opts),
                     "keep_duplicates": opts.keep_duplicates,
                     "compress": opts.compress, "seconds": timings},
@@ -397,7 +405,7 @@ def _stage_edges(graph: SourceGraph, work: Path, opts: ConvertOptions) -> tuple[
                 if not graph.directed:
                     # A self loop is its own reverse: adding it again would be a duplicate.
                     rev = ~loop
-                    stager.append(dst[rev], src[rev], None if rel is None else rel[rev])
+                    stager.append(dst[rev], src[rev], None if rel is None else rel[rev], added_reverse=True)
                 bar.update(len(src))
         staged = stager.finish()
     if staged.num_edges == 0:

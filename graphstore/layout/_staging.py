@@ -112,7 +112,9 @@ class StagedEdges:
     """Directed edges (source ids) in two flat int64 files, in staging order.
 
     Undirected sources are already expanded to both directions and self loops already
-    dropped (unless kept); duplicates may still be present.
+    dropped (unless kept); duplicates may still be present. Which rows are reverse edges
+    the converter added (not listed by the source) is kept as row ranges, `reverse_runs`,
+    so that merging can tell a repeated source edge from a reverse the source already had.
     """
 
     src_path: str
@@ -128,6 +130,9 @@ class StagedEdges:
     in_count: np.ndarray | None = None
     """[num_nodes] int64 staged edges ending at each node (duplicates counted; a file-backed
     array), or None."""
+    reverse_runs: np.ndarray | None = None
+    """[k, 2] int64 ``[start, stop)`` row ranges, ascending and disjoint, of the reverse edges
+    the converter added to an undirected source; None when it added none (a directed source)."""
 
     def _read(self, path: str, start: int, count: int) -> np.ndarray:
         # Plain reads, not a memory map: pages a map touches stay charged to this process
@@ -152,6 +157,27 @@ class StagedEdges:
             rel = self._read(self.rel_path, start, count) if self.rel_path else None
             yield start, self._read(self.src_path, start, count), self._read(self.dst_path, start, count), rel
 
+    def added_reverse(self, start: int, count: int) -> np.ndarray | None:
+        """[count] bool: which staged rows of ``[start, start + count)`` are added reverse
+        edges (True) rather than given by the source; None when no row is.
+
+        Examples
+        --------
+        >>> runs = np.array([[2, 4], [6, 9]])
+        >>> StagedEdges("s", "d", None, 9, 5, reverse_runs=runs).added_reverse(3, 5).astype(int)
+        array([1, 0, 0, 1, 1])
+        """
+        runs = self.reverse_runs
+        if runs is None:
+            return None
+        # Runs are few (two per source chunk): mark their ends and integrate, O(count + k).
+        lo = np.clip(runs[:, 0] - start, 0, count)
+        hi = np.clip(runs[:, 1] - start, 0, count)
+        delta = np.zeros(count + 1, dtype=np.int64)
+        np.add.at(delta, lo, 1)
+        np.add.at(delta, hi, -1)
+        return np.cumsum(delta[:-1]) > 0
+
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         """All ``(src, dst)`` in memory, [num_edges] int64 each (for METIS, which needs it)."""
         return self._read(self.src_path, 0, self.num_edges), self._read(self.dst_path, 0, self.num_edges)
@@ -170,9 +196,14 @@ class EdgeStager:
         self._num_nodes = num_nodes
         self.num_edges = 0
         self.in_count = node_scratch(directory, "in_count", num_nodes, np.int64)
+        self._reverse_runs: list[tuple[int, int]] = []
 
-    def append(self, src: np.ndarray, dst: np.ndarray, rel: np.ndarray | None) -> None:
-        """Add [m] int64 edges (already validated) at the end."""
+    def append(self, src: np.ndarray, dst: np.ndarray, rel: np.ndarray | None, *,
+               added_reverse: bool = False) -> None:
+        """Add [m] int64 edges (already validated) at the end; ``added_reverse`` marks them as
+        reverse edges the converter added, not edges the source listed."""
+        if added_reverse and len(src):
+            self._reverse_runs.append((self.num_edges, self.num_edges + len(src)))
         self._files["src"].write_rows(self.num_edges, src)
         self._files["dst"].write_rows(self.num_edges, dst)
         if "rel" in self._files:
@@ -205,4 +236,5 @@ class EdgeStager:
             num_edges=self.num_edges,
             num_nodes=self._num_nodes,
             in_count=self.in_count,
+            reverse_runs=np.array(self._reverse_runs, dtype=np.int64) if self._reverse_runs else None,
         )

@@ -132,6 +132,93 @@ def test_relations_are_kept_and_distinguish_duplicates(tmp_path):
     verify_store(tmp_path / "r.gs")
 
 
+def expected_counts(raw, *, directed, keep_self_loops=False, keep_duplicates=False):
+    """The conversion counts the rules promise, from the source rows alone (sets, no sort)."""
+    cols = [raw["src"], raw["dst"]] + ([raw["rel"]] if "rel" in raw else [])
+    rows = [row for row in zip(*[c.tolist() for c in cols]) if keep_self_loops or row[0] != row[1]]
+    given = set(rows)
+    reverses = [] if directed else [(d, s, *r) for s, d, *r in rows if s != d]
+    present = sum((d, s, *r) in given for s, d, *r in given if s != d) if not directed else 0
+    return {
+        "duplicates": len(rows) - len(given),
+        "duplicates_merged": 0 if keep_duplicates else len(rows) - len(given),
+        "reverse_edges_present": present,
+        "reverse_edges_added": len(reverses) if keep_duplicates else len(set(reverses) - given),
+    }
+
+
+def counts_of(manifest):
+    return {k: manifest.conversion[k] for k in
+            ("duplicates", "duplicates_merged", "reverse_edges_present", "reverse_edges_added")}
+
+
+def test_a_symmetric_source_counts_its_duplicates_not_its_reverse_edges(tmp_path):
+    """An edge list that lists every edge both ways (issue 31, 7): the reverse edges the
+    converter adds and merges are not duplicates; only rows the source repeats are."""
+    rng = np.random.default_rng(7)
+    pairs = set()
+    while len(pairs) < 60:
+        u, v = sorted(rng.choice(40, 2, replace=False).tolist())
+        pairs.add((u, v))
+    both_ways = [(u, v) for u, v in sorted(pairs)] + [(v, u) for u, v in sorted(pairs)]  # 120 rows
+    repeats = [both_ways[3], both_ways[70], both_ways[70], both_ways[100]]  # 4 true duplicates
+    one_way = [(41, 42), (41, 42)]  # listed one way, twice: its reverse is added, once
+    rows = both_ways + repeats + one_way + [(5, 5)]  # and a self loop, dropped
+    rows = [rows[k] for k in rng.permutation(len(rows))]
+    (tmp_path / "sym").mkdir()
+    np.savetxt(tmp_path / "sym" / "edges.txt", np.array(rows), fmt="%d")
+    np.save(tmp_path / "sym" / "labels.npy", np.arange(43) % 3)  # a node task: no edge held out
+    raw = {"src": np.array(rows)[:, 0], "dst": np.array(rows)[:, 1]}
+
+    m = convert(tmp_path / "sym", tmp_path / "u.gs", ConvertOptions(num_partitions=3, partitioner="random"))
+    assert counts_of(m) == {"duplicates": 5, "duplicates_merged": 5, "reverse_edges_present": 120,
+                            "reverse_edges_added": 1} == expected_counts(raw, directed=False)
+    assert m.num_edges == 122 and m.conversion["staged_edges"] == 126 + 126
+    assert stored_edges(graphstore.open(tmp_path / "u.gs")) == expected_edges(raw, directed=False)
+
+    # Directed: nothing is added, so every merge is a repeated row, as before.
+    m = convert(tmp_path / "sym", tmp_path / "d.gs", ConvertOptions(num_partitions=3, partitioner="random",
+                                                                    reader_options={"directed": True}))
+    assert counts_of(m) == {"duplicates": 5, "duplicates_merged": 5, "reverse_edges_present": 0,
+                            "reverse_edges_added": 0} == expected_counts(raw, directed=True)
+    assert m.num_edges == 121 == m.conversion["staged_edges"] - m.conversion["duplicates_merged"]
+
+    # Kept duplicates: the counts still say what the source repeats and what it listed
+    # both ways (each of those 120 edges is now stored twice).
+    m = convert(tmp_path / "sym", tmp_path / "k.gs", ConvertOptions(num_partitions=3, partitioner="random",
+                                                                    keep_duplicates=True))
+    assert counts_of(m) == {"duplicates": 5, "duplicates_merged": 0, "reverse_edges_present": 120,
+                            "reverse_edges_added": 126}
+    assert counts_of(m) == expected_counts(raw, directed=False, keep_duplicates=True)
+    assert m.num_edges == m.conversion["staged_edges"] == 252
+
+
+@pytest.mark.parametrize(("directed", "num_relations", "keep_duplicates"),
+                         [(False, 0, False), (False, 0, True), (True, 0, False), (False, 3, False),
+                          (False, 3, True)])
+def test_merge_counts_add_up_on_both_sort_paths(tmp_path, directed, num_relations, keep_duplicates):
+    """Half reversed copies, half repeats, on the packed-key sort and (with relations) the
+    lexsort: the counts match a count of the source rows, and the stored edges add up."""
+    graph, raw = make_graph(num_nodes=120, num_edges=1200, directed=directed, num_relations=num_relations,
+                            feature_dim=0 if num_relations else 3, edge_chunk=97, duplicates=20)
+    flip = np.arange(4, 1160, 4)
+    # Every fourth row the reverse of the row before it (the graph streams these arrays).
+    raw["src"][flip], raw["dst"][flip] = raw["dst"][flip - 1], raw["src"][flip - 1]
+    if num_relations:
+        raw["rel"][flip] = raw["rel"][flip - 1]
+    options = ConvertOptions(num_partitions=4, partitioner="random", chunk_edges=500, keep_self_loops=False,
+                             keep_duplicates=keep_duplicates)
+    m = convert(graph, tmp_path / "g.gs", options)
+    expected = expected_counts(raw, directed=directed, keep_duplicates=keep_duplicates)
+    assert counts_of(m) == expected
+    assert expected["duplicates"] >= 20 and (directed or expected["reverse_edges_present"] >= 2 * 250)
+    c = m.conversion
+    assert m.num_edges == (c["source_edges"] - c["self_loops_dropped"] - c["duplicates_merged"]
+                           + c["reverse_edges_added"])
+    store = graphstore.open(tmp_path / "g.gs")
+    assert stored_edges(store) == expected_edges(raw, directed=directed, keep_duplicates=keep_duplicates)
+
+
 def test_small_streaming_chunks_give_the_same_store(tmp_path):
     graph, _ = make_graph(num_nodes=500, num_edges=4000, edge_chunk=37, feature_chunk=11)
     convert(graph, tmp_path / "a.gs", ConvertOptions(num_partitions=4, partitioner="random", chunk_edges=53))
