@@ -51,6 +51,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 try:
@@ -69,19 +70,8 @@ DGL = "dgl-memmap"
 
 # ---------------------------------------------------------------------- the child
 
-def child_graphstore(spec: dict) -> dict:
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-
-    torch.set_num_threads(spec["threads"])
-    sys.path.insert(0, str(REPO))
-    import graphstore
-    from graphstore.loaders import NodeLoader
-    from graphstore.nn import GNN
-
-    t0 = time.perf_counter()
-    store = graphstore.open(spec["store"])
+def _loader_kwargs(spec: dict) -> dict:
+    """The training loader's options (the evaluation's too, less the feature cache)."""
     # With the aggregation cache the first layer reads the stored aggregate: the outermost
     # hop (fanouts[-1]) is neither sampled nor fetched.
     aggregated = spec.get("aggregated")
@@ -91,22 +81,31 @@ def child_graphstore(spec: dict) -> dict:
         kw["aggregated"] = aggregated
     if spec["scheme"] == "macrobatch":
         kw.update(macro_batches=spec["macro_batches"], macro_batch_bytes=spec["macro_batch_bytes"])
+    return kw
+
+
+def child_graphstore(spec: dict) -> dict:
+    """One row: bench_outofcore's model, step and epochs over a macro-batching (or in-memory)
+    loader, then the test targets once with the same scheme and B, without the cache."""
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    sys.path.insert(0, str(REPO))
+    import graphstore
+    from graphstore.loaders import NodeLoader
+
+    t0 = time.perf_counter()
+    store = graphstore.open(spec["store"])
+    kw = _loader_kwargs(spec)
     cache_kw = ({"feature_cache_bytes": spec["cache_bytes"], "feature_cache": spec["cache"],
                  "cache_lookahead": spec["cache_lookahead"]} if spec.get("cache") else {})
     loader = NodeLoader(store, nodes=np.load(spec["targets"]), shuffle=True, **kw, **cache_kw)
-    torch.manual_seed(spec["seed"])
-    model = GNN("sage", in_dim=store.feature_dim, hidden_dim=spec["hidden"], out_dim=store.num_classes,
-                num_layers=len(spec["fanouts"]))
-    opt = torch.optim.Adam(model.parameters(), lr=spec["lr"])
+    model, opt = ooc.sage_and_adam(spec, store)
     setup_s = time.perf_counter() - t0
 
-    def step(batch) -> tuple[int, int]:
-        out = model(batch.features, batch.dense, aggregated=batch.aggregated, aggregated_from=batch.aggregated_from)
-        loss = F.cross_entropy(out, batch.labels, ignore_index=-1)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return int(batch.labels.numel()), int(batch.features.shape[0])
+    def forward(batch):
+        return model(batch.features, batch.dense, aggregated=batch.aggregated, aggregated_from=batch.aggregated_from)
 
     def stats() -> dict:
         s, fetched = loader.epoch_stats[-1], loader.fetch_stats
@@ -118,7 +117,8 @@ def child_graphstore(spec: dict) -> dict:
         return out
 
     model.train()
-    epochs = ooc._train_epochs(spec, lambda e, last: loader.epoch(e, lookahead=not last), step, stats)
+    epochs = ooc._train_epochs(spec, lambda e, last: loader.epoch(e, lookahead=not last),
+                               ooc.sage_step(opt, forward), stats)
     graph = getattr(loader.walk, "graph", None)
     structure = None if graph is None else sum(t.numel() * t.element_size() for t in (
         graph.indptr, graph.indices, graph.node_ids, graph.labels))
@@ -131,16 +131,7 @@ def child_graphstore(spec: dict) -> dict:
         if graph is not None:
             ev.walk.graph = graph
         loader = None
-        model.eval()
-        correct = seen = 0
-        with torch.no_grad():
-            for batch in ev.epoch(0, lookahead=False):
-                pred = model(batch.features, batch.dense, aggregated=batch.aggregated,
-                             aggregated_from=batch.aggregated_from).argmax(1)
-                mask = batch.labels >= 0
-                correct += int((pred[mask] == batch.labels[mask]).sum())
-                seen += int(mask.sum())
-        acc = correct / max(seen, 1)
+        acc = ooc.held_out_accuracy(model, ev.epoch(0, lookahead=False), forward)
     return {"setup_s": setup_s, "epochs": epochs, "test_acc": acc, "settings": settings,
             "structure_bytes": structure, "child_max_rss_bytes": ooc._max_rss_bytes()}
 
@@ -264,40 +255,71 @@ def summarize(row: dict) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.child:
-        spec = json.loads(args.child)
-        Path(spec["out"]).write_text(json.dumps(child_graphstore(spec)))
-        return 0
-    log = benchkit.elapsed_logger()
+@dataclass
+class Inputs:
+    """What every row's child is given, prepared once (cached in ``--workdir`` where it can be)."""
+
+    store: object
+    """The open store (reopened after its aggregate was written)."""
+    cap: int
+    """The memory cap of the capped rows, in bytes."""
+    files: dict
+    """``targets`` and ``eval_targets``: .npy files of store ids."""
+    aggregate: dict | None
+    """The stored mean aggregate's record, when an aggregated row runs."""
+    dgl_files: dict | None
+    """DGL's inputs (bench_outofcore's), when the DGL row runs."""
+    dgl_python: str | None
+    """DGL's interpreter, or None (then ``dgl_why`` says why)."""
+    dgl_why: str | None
+    """Why DGL's row is skipped, when ``dgl_python`` is None and it was asked for."""
+    wide_cap: int | None
+    """DGL's second cap, when the first kills it: the cap, its int64 structure and 512 MiB."""
+
+
+def open_store(args, log) -> tuple:
+    """The store (``--store``, or --quick's cached one, built once) with block checksums on its
+    features, and the --quick store's record for the JSON (None otherwise)."""
     sys.path.insert(0, str(REPO))
     import graphstore
     from graphstore.layout._upgrade import upgrade_store
 
     quick_store = None
     if args.quick and args.store is None:
-        params = dict(ooc.QUICK_STORE, layout_code=ooc._layout_code_digest())
-        built = ooc.ensure_quick_stores(args.cache_dir, params, log)
-        args.store, quick_store = built["metis"], {"params": params, "reused": built["reused"]}
+        built, quick_store = ooc.cached_quick_stores(args.cache_dir, log)
+        args.store = built["metis"]
     args.store = args.store or ooc.DEFAULT_STORE
     store = graphstore.open(args.store)
     if store._layout("nodes/features").segments is None or store._layout("nodes/features").segments.kind != "blocks":
         log(f"{args.store}: no block checksums for its features; running graphstore upgrade")
         upgrade_store(args.store)
         store = graphstore.open(args.store)
-    feature_bytes = store.num_nodes * store.feature_dim * 4
-    # A third of the features (16 MiB steps). --quick's store is too small for that: Python and
-    # torch alone take ~600 MiB of a cap (the cgroup charges their libraries' page cache), so
-    # its cap is at least 1 GiB, a harness check and not the goal's setting.
-    cap = (args.cap_mib << 20) if args.cap_mib else feature_bytes // 3 >> 24 << 24
+    return store, quick_store
+
+
+def feature_bytes_of(store) -> int:
+    return store.num_nodes * store.feature_dim * 4
+
+
+def memory_cap(args, store) -> int:
+    """A third of the features (16 MiB steps), or ``--cap-mib``. --quick's store is too small
+    for that: Python and torch alone take ~600 MiB of a cap (the cgroup charges their
+    libraries' page cache), so its cap is at least 1 GiB, a harness check and not the goal's
+    setting."""
+    cap = (args.cap_mib << 20) if args.cap_mib else feature_bytes_of(store) // 3 >> 24 << 24
     if args.quick and not args.cap_mib:
         cap = max(cap, 1 << 30)
+    return cap
+
+
+def prepare_inputs(args, store, rows: list[dict], log) -> Inputs:
+    """The targets, the stored aggregate and DGL's inputs, each only when a row needs it."""
+    import graphstore
+
+    cap = memory_cap(args, store)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    tag = ooc._store_tag(args.store, store)
     train, test = ooc.choose_targets(store, seed=args.seed, targets=args.targets, eval_targets=args.eval_targets)
-    files = ooc.write_targets(args.workdir, f"macro_{tag}", train, test)
-    rows = systems(args)
+    files = ooc.write_targets(args.workdir, f"macro_{ooc._store_tag(args.store, store)}", train, test)
     aggregate = None
     if any(r.get("aggregated") for r in rows):
         aggregate = ensure_aggregate(args.store, store, "mean", buffer_bytes=args.aggregate_bytes, log=log)
@@ -305,58 +327,69 @@ def main(argv: list[str] | None = None) -> int:
     dgl_files = ooc.prepare_dgl_inputs(store, args.store, args.workdir) if any(r["scheme"] == "dgl" for r in rows) \
         else None
     dgl_py, dgl_why = ooc.find_dgl_python(args, log) if dgl_files else (None, None)
-    wide_cap = None
-    if dgl_files:
-        wide_cap = -(-(cap + dgl_files["structure_bytes"] + (512 << 20)) // (64 << 20)) * (64 << 20)
+    wide_cap = -(-(cap + dgl_files["structure_bytes"] + (512 << 20)) // (64 << 20)) * (64 << 20) if dgl_files \
+        else None
+    feature_bytes = feature_bytes_of(store)
     log(f"{args.store.name}: {store.num_nodes} nodes, {store.num_edges} edges; features {feature_bytes / 2**30:.2f} GiB "
         f"= {feature_bytes / cap:.2f}x the {cap >> 20} MiB cap ({'enforced' if args.iso['cap_enforced'] else 'NOT enforced'})")
-    ddf = benchkit.ensure_dd_file(args.workdir / "dd_1024MiB.bin", 1 << 30)
-    dd = [benchkit.dd_read(ddf, drop_cache=False)]
-    log(f"dd: {dd[0]['bytes_per_s'] / 1e9:.2f} GB/s")
-    common = {"fanouts": args.fanouts, "batch_size": args.batch_size, "hidden": args.hidden, "lr": args.lr,
-              "threads": args.threads, "seed": args.seed, "epochs": args.epochs, "store": str(args.store),
-              "targets": str(files["targets"]), "eval_targets": str(files["eval_targets"]),
-              "num_nodes": store.num_nodes, "feature_dim": store.feature_dim, "num_classes": store.num_classes}
-    runs = []
-    for r in rows:
-        name = r["system"]
-        out = args.workdir / f"child_macro_{name}.json"
-        out.unlink(missing_ok=True)
-        spec = {**common, **{k: v for k, v in r.items() if k != "capped"}, "out": str(out)}
-        is_dgl = r["scheme"] == "dgl"
-        if is_dgl and dgl_py is None:
-            runs.append({"system": name, "skipped": f"DGL {dgl_why}"})
-            continue
-        caps = [cap if r["capped"] and args.iso["cap_enforced"] else None]
-        if is_dgl:
-            spec.update({k: str(dgl_files[k]) for k in ("features", "indptr", "indices", "labels")})
-            caps.append(wide_cap)
-        for attempt, cap_bytes in enumerate(caps):
-            run = benchkit.run_child(Path(ooc.__file__) if is_dgl else Path(__file__), spec, cap_bytes=cap_bytes,
-                                     name="graphstore_bench_macrobatch", drop_cache=args.iso["page_cache_dropped"],
-                                     python=dgl_py if is_dgl else None)
-            result = json.loads(out.read_text()) if run["returncode"] == 0 and out.exists() else None
-            if result is not None or not run["oom_kills"] or attempt + 1 == len(caps):
-                break
-            log(f"{name}: killed by the {cap_bytes >> 20} MiB cap; again under {caps[-1] >> 20} MiB "
-                "(the cap, its int64 structure and 512 MiB)")
-        row = {"system": name, "macro_batches": r.get("macro_batches"), "cache": r.get("cache"),
-               "aggregated": r.get("aggregated"),
+    return Inputs(store=store, cap=cap, files=files, aggregate=aggregate, dgl_files=dgl_files, dgl_python=dgl_py,
+                  dgl_why=dgl_why, wide_cap=wide_cap)
+
+
+def child_spec(args, inputs: Inputs, row: dict, out: Path) -> dict:
+    """A row's child spec: the settings every row shares, then the row's own."""
+    store = inputs.store
+    spec = {"fanouts": args.fanouts, "batch_size": args.batch_size, "hidden": args.hidden, "lr": args.lr,
+            "threads": args.threads, "seed": args.seed, "epochs": args.epochs, "store": str(args.store),
+            "targets": str(inputs.files["targets"]), "eval_targets": str(inputs.files["eval_targets"]),
+            "num_nodes": store.num_nodes, "feature_dim": store.feature_dim, "num_classes": store.num_classes,
+            **{k: v for k, v in row.items() if k != "capped"}, "out": str(out)}
+    if row["scheme"] == "dgl":
+        spec.update({k: str(inputs.dgl_files[k]) for k in ("features", "indptr", "indices", "labels")})
+    return spec
+
+
+def run_row(args, inputs: Inputs, row: dict, log) -> dict:
+    """One system in its own child (DGL in bench_outofcore's, under its wider cap when the
+    first kills it), as its JSON row."""
+    name, is_dgl = row["system"], row["scheme"] == "dgl"
+    if is_dgl and inputs.dgl_python is None:
+        return {"system": name, "skipped": f"DGL {inputs.dgl_why}"}
+    out = args.workdir / f"child_macro_{name}.json"
+    out.unlink(missing_ok=True)
+    spec = child_spec(args, inputs, row, out)
+    caps = [inputs.cap if row["capped"] and args.iso["cap_enforced"] else None]
+    if is_dgl:
+        caps.append(inputs.wide_cap)
+    for attempt, cap_bytes in enumerate(caps):
+        run = benchkit.run_child(Path(ooc.__file__) if is_dgl else Path(__file__), spec, cap_bytes=cap_bytes,
+                                 name="graphstore_bench_macrobatch", drop_cache=args.iso["page_cache_dropped"],
+                                 python=inputs.dgl_python if is_dgl else None)
+        result = json.loads(out.read_text()) if run["returncode"] == 0 and out.exists() else None
+        if result is not None or not run["oom_kills"] or attempt + 1 == len(caps):
+            break
+        log(f"{name}: killed by the {cap_bytes >> 20} MiB cap; again under {caps[-1] >> 20} MiB "
+            "(the cap, its int64 structure and 512 MiB)")
+    out_row = {"system": name, "macro_batches": row.get("macro_batches"), "cache": row.get("cache"),
+               "aggregated": row.get("aggregated"),
                "mem_cap_bytes": cap_bytes, "returncode": run["returncode"], "oom_kills": run["oom_kills"],
                "cgroup_peak_bytes": run["cgroup_peak_bytes"], "child_seconds": run["seconds"]}
-        if result is None:
-            row["error"] = (run["stderr"] or run["stdout"])[-1500:]
-        else:
-            row.update(summarize(result), test_acc=result.get("test_acc"), epochs=result["epochs"],
+    if result is None:
+        out_row["error"] = (run["stderr"] or run["stdout"])[-1500:]
+    else:
+        out_row.update(summarize(result), test_acc=result.get("test_acc"), epochs=result["epochs"],
                        peak_rss_bytes=result["child_max_rss_bytes"], structure_bytes=result.get("structure_bytes"),
                        settings={**(result.get("settings") or {}), "mem_cap_bytes": cap_bytes,
-                                 "cache_bytes": r.get("cache_bytes"), "fanouts": args.fanouts,
+                                 "cache_bytes": row.get("cache_bytes"), "fanouts": args.fanouts,
                                  "batch_size": args.batch_size})
-        log(f"{name}: epoch {row.get('epoch_s_median')} s, rows fetched {row.get('rows_fetched')}, "
-            f"bytes {row.get('bytes_read')}, acc {row.get('test_acc')}, peak RSS {row.get('peak_rss_bytes')}, "
-            f"cgroup peak {row.get('cgroup_peak_bytes')}, oom {row.get('oom_kills')}")
-        runs.append(row)
-    dd.append(benchkit.dd_read(ddf, drop_cache=False))
+    log(f"{name}: epoch {out_row.get('epoch_s_median')} s, rows fetched {out_row.get('rows_fetched')}, "
+        f"bytes {out_row.get('bytes_read')}, acc {out_row.get('test_acc')}, peak RSS {out_row.get('peak_rss_bytes')}, "
+        f"cgroup peak {out_row.get('cgroup_peak_bytes')}, oom {out_row.get('oom_kills')}")
+    return out_row
+
+
+def add_ratios(runs: list[dict]) -> None:
+    """Each row against B = 1, the in-memory row and DGL (None where either side is missing)."""
     by = {r["system"]: r for r in runs}
     base, mem, dgl = by.get(PER_BATCH, {}), by.get(MEMORY, {}), by.get(DGL, {})
 
@@ -370,21 +403,46 @@ def main(argv: list[str] | None = None) -> int:
         r["dgl_vs_this"] = ratio(dgl.get("epoch_s_median"), r.get("epoch_s_median"))
         r["acc_minus_memory"] = (None if r.get("test_acc") is None or mem.get("test_acc") is None
                                  else r["test_acc"] - mem["test_acc"])
-    result = {"command": benchkit.command_line("tools/bench_macrobatch.py", argv), "quick": args.quick,
-              "runs": runs, "store": ooc.store_info(store, args.store, "main"), "quick_store": quick_store,
-              "feature_bytes": feature_bytes, "mem_cap_bytes": cap, "features_vs_cap": feature_bytes / cap,
-              "dgl_wide_cap_bytes": wide_cap, "dd_runs": dd, "aggregate": aggregate,
-              "dd_bytes_per_s": statistics.median(d["bytes_per_s"] for d in dd),
-              "settings": {"targets": args.targets, "eval_targets": args.eval_targets, "epochs": args.epochs,
-                           "fanouts": args.fanouts, "fanouts_order": "fanouts[0] is the hop nearest the targets",
-                           "batch_size": args.batch_size, "hidden": args.hidden, "lr": args.lr,
-                           "model": "2-layer GraphSage, mean", "threads": args.threads,
-                           "macro_batch_bytes": args.macro_batch_bytes, "cache_bytes": args.cache_bytes,
-                           "cache_lookahead": args.cache_lookahead,
-                           "cap_enforced": args.iso["cap_enforced"], "page_cache_dropped": args.iso["page_cache_dropped"],
-                           "isolation_note": args.iso["why"]},
-              "machine": benchkit.machine_record(*benchkit.MACHINE_FACTS, loadavg=list(os.getloadavg()))}
-    benchkit.write_json(args.json, result)
+
+
+def result_record(args, argv, inputs: Inputs, runs: list[dict], dd: list[dict], quick_store: dict | None) -> dict:
+    """The JSON docs/benchmarks.md reads."""
+    feature_bytes = feature_bytes_of(inputs.store)
+    return {"command": benchkit.command_line("tools/bench_macrobatch.py", argv), "quick": args.quick,
+            "runs": runs, "store": ooc.store_info(inputs.store, args.store, "main"), "quick_store": quick_store,
+            "feature_bytes": feature_bytes, "mem_cap_bytes": inputs.cap, "features_vs_cap": feature_bytes / inputs.cap,
+            "dgl_wide_cap_bytes": inputs.wide_cap, "dd_runs": dd, "aggregate": inputs.aggregate,
+            "dd_bytes_per_s": statistics.median(d["bytes_per_s"] for d in dd),
+            "settings": {"targets": args.targets, "eval_targets": args.eval_targets, "epochs": args.epochs,
+                         "fanouts": args.fanouts, "fanouts_order": "fanouts[0] is the hop nearest the targets",
+                         "batch_size": args.batch_size, "hidden": args.hidden, "lr": args.lr,
+                         "model": "2-layer GraphSage, mean", "threads": args.threads,
+                         "macro_batch_bytes": args.macro_batch_bytes, "cache_bytes": args.cache_bytes,
+                         "cache_lookahead": args.cache_lookahead,
+                         "cap_enforced": args.iso["cap_enforced"], "page_cache_dropped": args.iso["page_cache_dropped"],
+                         "isolation_note": args.iso["why"]},
+            "machine": benchkit.machine_record(*benchkit.MACHINE_FACTS, loadavg=list(os.getloadavg()))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        spec = json.loads(args.child)
+        Path(spec["out"]).write_text(json.dumps(child_graphstore(spec)))
+        return 0
+    log = benchkit.elapsed_logger()
+    store, quick_store = open_store(args, log)
+    rows = systems(args)
+    inputs = prepare_inputs(args, store, rows, log)
+    # The disk's sequential bandwidth before and after the rows (direct IO: no page cache).
+    mib = 256 if args.quick else 1024
+    ddf = benchkit.ensure_dd_file(args.workdir / f"dd_{mib}MiB.bin", mib << 20)
+    dd = [benchkit.dd_read(ddf, drop_cache=False)]
+    log(f"dd: {dd[0]['bytes_per_s'] / 1e9:.2f} GB/s")
+    runs = [run_row(args, inputs, r, log) for r in rows]
+    dd.append(benchkit.dd_read(ddf, drop_cache=False))
+    add_ratios(runs)
+    benchkit.write_json(args.json, result_record(args, argv, inputs, runs, dd, quick_store))
     log(f"wrote {args.json}")
     return 0
 

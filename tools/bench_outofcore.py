@@ -299,17 +299,58 @@ def build_train_loader(loader_cls, store, spec: dict, nodes) -> tuple[object, di
                     "budget_capacity": admitted, "min_capacity": floor, "budget_bytes": spec["buffer_bytes"]}
 
 
+def sage_and_adam(spec: dict, store) -> tuple:
+    """The model every graphstore child trains, seeded by ``spec['seed']``: a GraphSage of
+    ``len(spec['fanouts'])`` layers (``spec['hidden']`` wide) and its Adam (``spec['lr']``)."""
+    import torch
+    from graphstore.nn import GNN
+
+    torch.manual_seed(spec["seed"])
+    model = GNN("sage", in_dim=store.feature_dim, hidden_dim=spec["hidden"], out_dim=store.num_classes,
+                num_layers=len(spec["fanouts"]))
+    return model, torch.optim.Adam(model.parameters(), lr=spec["lr"])
+
+
+def sage_step(opt, forward):
+    """``step(batch) -> (targets, input rows)`` for `_train_epochs`: one optimizer step on the
+    cross-entropy of ``forward(batch)``'s logits (label -1: not counted)."""
+    import torch.nn.functional as F
+
+    def step(batch) -> tuple[int, int]:
+        loss = F.cross_entropy(forward(batch), batch.labels, ignore_index=-1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        # A DENSE holds each input node once: its rows are the first layer's distinct inputs.
+        return int(batch.labels.numel()), int(batch.features.shape[0])
+
+    return step
+
+
+def held_out_accuracy(model, batches, forward) -> float:
+    """The share of the batches' labelled targets whose argmax of ``forward(batch)`` is right."""
+    import torch
+
+    model.eval()
+    correct = seen = 0
+    with torch.no_grad():
+        for batch in batches:
+            pred = forward(batch).argmax(1)
+            mask = batch.labels >= 0
+            correct += int((pred[mask] == batch.labels[mask]).sum())
+            seen += int(mask.sum())
+    return correct / max(seen, 1)
+
+
 def child_graphstore(spec: dict) -> dict:
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
     torch.set_num_threads(spec["threads"])
     sys.path.insert(0, str(REPO))
     import graphstore
     from graphstore.errors import ConfigError
     from graphstore.loaders import NodeLoader
-    from graphstore.nn import GNN
 
     t_setup = time.perf_counter()
     store = graphstore.open(spec["store"])
@@ -317,19 +358,13 @@ def child_graphstore(spec: dict) -> dict:
         loader, capacity_choice = build_train_loader(NodeLoader, store, spec, np.load(spec["targets"]))
     except ConfigError as exc:
         return {"refused": str(exc), "child_max_rss_bytes": _max_rss_bytes()}
-    torch.manual_seed(spec["seed"])
-    model = GNN("sage", in_dim=store.feature_dim, hidden_dim=spec["hidden"], out_dim=store.num_classes,
-                num_layers=len(spec["fanouts"]))
-    opt = torch.optim.Adam(model.parameters(), lr=spec["lr"])
+    model, opt = sage_and_adam(spec, store)
     setup_s = time.perf_counter() - t_setup
 
-    def step(batch) -> tuple[int, int]:
-        loss = F.cross_entropy(model(batch.features, batch.dense), batch.labels, ignore_index=-1)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        # A DENSE holds each input node once: its rows are the first layer's distinct inputs.
-        return int(batch.labels.numel()), int(batch.features.shape[0])
+    def forward(batch):
+        return model(batch.features, batch.dense)
+
+    step = sage_step(opt, forward)
 
     def stats() -> dict:
         s = loader.epoch_stats[-1]
@@ -359,15 +394,7 @@ def child_graphstore(spec: dict) -> dict:
         kw = dict(_loader_kwargs(spec), reuse=1, seed=spec["seed"] + 1)
         ev = NodeLoader(store, nodes=np.load(spec["eval_targets"]), shuffle=False,
                         capacity=None if spec["scheme"] == "minibatch" else capacity, **kw)
-        model.eval()
-        correct = seen = 0
-        with torch.no_grad():
-            for batch in ev.epoch(0, lookahead=False):
-                pred = model(batch.features, batch.dense).argmax(1)
-                mask = batch.labels >= 0
-                correct += int((pred[mask] == batch.labels[mask]).sum())
-                seen += int(mask.sum())
-        acc = correct / max(seen, 1)
+        acc = held_out_accuracy(model, ev.epoch(0, lookahead=False), forward)
     return {"setup_s": setup_s, "epochs": epochs, "test_acc": acc, "settings": settings,
             "buffer_memory_bytes": buffer_memory, "child_max_rss_bytes": _max_rss_bytes()}
 
@@ -574,6 +601,15 @@ def ensure_quick_stores(cache_dir: Path, params: dict, log) -> dict:
     seconds = time.perf_counter() - t0
     paths["marker"].write_text(json.dumps({"params": params, "build_s": seconds}, indent=1) + "\n")
     return {"metis": paths["metis"], "stream": paths["stream"], "reused": False, "build_s": seconds}
+
+
+def cached_quick_stores(cache_dir: Path, log) -> tuple[dict, dict]:
+    """`ensure_quick_stores` of `QUICK_STORE` (rebuilt when it or the layout code changes),
+    and the record of it a result's ``quick_store`` holds."""
+    params = dict(QUICK_STORE, layout_code=_layout_code_digest())
+    built = ensure_quick_stores(cache_dir, params, log)
+    return built, {"params": params, "reused": built["reused"], "build_s": built["build_s"],
+                   "cache_dir": str(cache_dir)}
 
 
 def quick_cap_mib(feature_bytes: int, process_mib: int) -> int:
@@ -987,12 +1023,9 @@ def open_stores(args, ap, log) -> tuple:
 
     quick_store = None
     if args.quick and args.store is None:
-        params = dict(QUICK_STORE, layout_code=_layout_code_digest())
-        built = ensure_quick_stores(args.cache_dir, params, log)
+        built, quick_store = cached_quick_stores(args.cache_dir, log)
         args.store = built["metis"]
         args.store_stream = args.store_stream or built["stream"]
-        quick_store = {"params": params, "reused": built["reused"], "build_s": built["build_s"],
-                       "cache_dir": str(args.cache_dir)}
     args.store = args.store or DEFAULT_STORE
     store = graphstore.open(args.store)
     stores = {"main": store_info(store, args.store, "main")}
