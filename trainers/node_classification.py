@@ -403,7 +403,8 @@ def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificat
     rank ``rank``'s share of each (`graphstore.loaders.shard`)."""
     common_kw = dict(scheme=config.loader_scheme, policy=args.policy, capacity=args.buffer_partitions,
                      buffer_bytes=args.buffer_bytes, static_cache=args.static_cache, seed=args.seed,
-                     prefetch=args.prefetch, rank=rank, world_size=config.world_size)
+                     prefetch=args.prefetch, rank=rank, world_size=config.world_size,
+                     loader_threads=args.loader_threads)
     micro_kw = {}
     if args.micro_batching:
         micro_kw = dict(micro_batches=args.micro_batches, micro_batch_budget=args.micro_batch_budget,

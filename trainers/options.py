@@ -330,6 +330,10 @@ class CommonOptions(Options):
     device: str = option("cpu", choices=("cpu", "cuda"), run_only=True)
     prefetch: bool = option(True, flag="--no-prefetch",
                             help="load buffer states in the foreground (for measuring stalls)")
+    loader_threads: int | None = option(
+        None, type=non_negative_int, metavar="N", run_only=True,
+        help="threads that sample and gather batches ahead of training (0: in the training thread; the batches "
+             "are the same for every N; default: the cores torch's threads leave free, at least 1)")
     metrics_out: str | None = option(None, metavar="M.json", run_only=True, help="write the metrics JSON here")
     checkpoint_dir: str | None = option(None, metavar="D", run_only=True,
                                         help="save a checkpoint here after every epoch")

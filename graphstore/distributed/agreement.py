@@ -26,8 +26,10 @@ from graphstore.errors import ConfigError
 
 __all__ = ["LOCAL_OPTIONS", "check_ranks_agree", "store_facts"]
 
-LOCAL_OPTIONS = frozenset({"store", "config", "metrics_out", "checkpoint_dir", "verbose", "derived"})
-"""Options a rank may set for itself: paths it reads or writes, logging, and the derived
+LOCAL_OPTIONS = frozenset({"store", "config", "metrics_out", "checkpoint_dir", "verbose", "derived",
+                           "loader_threads"})
+"""Options a rank may set for itself: paths it reads or writes, logging, the threads its
+machine spares for loading (the batches are the same for any number), and the derived
 defaults' rules (prose with each machine's memory figures; the values they chose are
 compared as options)."""
 

@@ -4,7 +4,7 @@ buffer walk, and the epoch's buffer counters."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from graphstore.buffer import BufferMemory, BufferStats, StaticCache
@@ -13,6 +13,7 @@ from graphstore.buffer.policies import EpochPlan
 from graphstore.errors import ConfigError, OutOfCoreWarning
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
+from graphstore.loaders.pipeline import BatchStep, Pipelined, check_loader_threads
 from graphstore.loaders.schemes import SCHEMES, Scheme
 from graphstore.loaders.shard import Shard
 from graphstore.loaders.stages import BufferWalk, EpochContext, Planner, Stage, StructureWalk, run_stages
@@ -45,6 +46,17 @@ def _warn_if_partitions_scatter(store: Store, capacity: int) -> None:
                   f"minibatch scheme")
 
 
+class Transform:
+    """A user's per-batch function (e.g. ``NodeBatch.to_pyg``) as a per-batch step, so it
+    runs on the loader's threads."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def bind(self, ctx) -> Callable[[Any, int], Any]:
+        return lambda batch, index: self.fn(batch)
+
+
 def resolve_scheme(name: str, task: str) -> Scheme:
     """The registered scheme ``name``, checked to serve ``task``."""
     if name not in SCHEMES:
@@ -68,8 +80,13 @@ class BufferedLoader:
                  buffer_bytes: int | None, seed: int, prefetch: bool, embedding_dim: int = 0,
                  cache_fraction: float | None = 0.0, policy_options: dict[str, Any] | None = None,
                  train_partitions: Sequence[int] = (), embeddings: EmbeddingTable | None = None,
-                 shard: Shard | None = None, write_back: bool = True) -> None:
+                 shard: Shard | None = None, write_back: bool = True, loader_threads: int | None = None,
+                 transform: Callable[[Any], Any] | None = None) -> None:
         self.scheme_spec = resolve_scheme(scheme, self.task)
+        self.loader_threads = check_loader_threads(loader_threads)
+        if transform is not None and not callable(transform):
+            raise ConfigError(f"transform must be a callable taking a batch (got {transform!r})")
+        self.transform = transform
         if capacity is not None and buffer_bytes is not None:
             raise ConfigError("give the buffer as partitions (capacity) or as bytes (buffer_bytes), not both")
         self.store, self.scheme, self.seed, self.prefetch = store, scheme, int(seed), bool(prefetch)
@@ -106,7 +123,8 @@ class BufferedLoader:
         return {"scheme": self.scheme, "policy": self.policy, "num_partitions": self.store.num_partitions,
                 "capacity": self.capacity, "buffer_bytes": self.buffer_bytes, "prefetch": self.prefetch,
                 "seed": self.seed, "static_cache_fraction": self.cache_fraction,
-                "static_cache_nodes": 0 if self.cache is None else self.cache.num_nodes}
+                "static_cache_nodes": 0 if self.cache is None else self.cache.num_nodes,
+                "loader_threads": self.loader_threads}
 
     def _plan_options(self) -> dict[str, Any]:
         return dict(self.options)
@@ -128,6 +146,20 @@ class BufferedLoader:
     def stages(self) -> list[Stage]:
         """The stages after the buffer walk, in order (the subclass's composition)."""
         raise NotImplementedError
+
+    def _pipeline(self, targets: Stage, per_batch: list[BatchStep], after: list[Stage]) -> list[Stage]:
+        """``targets``, then ``per_batch`` on the loader's threads (`Pipelined`), then
+        ``after`` in the consumer's order; the ``transform`` last, on the threads too (with
+        the per-batch steps when nothing runs after them)."""
+        transform = [] if self.transform is None else [Transform(self.transform)]
+        stages = [targets, Pipelined(per_batch + (transform if not after else []), threads=self.loader_threads)]
+        stages += after
+        if after and transform:
+            # Items after ``after`` carry no state end, so the pool could not hold the walk
+            # back at one: threads only when the epoch is one state (minibatch, macrobatch).
+            one_state = self.scheme_spec.whole_graph or not self.scheme_spec.resident_features
+            stages.append(Pipelined(transform, threads=self.loader_threads if one_state else 0, keyed=False))
+        return stages
 
     def num_batches(self, epoch: int) -> int:
         raise NotImplementedError

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,7 @@ from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.hashing import mix64
 from graphstore.layout.store import Store
 from graphstore.loaders.base import BufferedLoader
+from graphstore.loaders.batches import EdgeBatch
 from graphstore.loaders.schemes import SCHEMES
 from graphstore.loaders.seeds import epoch_seed
 from graphstore.loaders.settings import EdgeLoaderSettings
@@ -30,6 +31,7 @@ from graphstore.loaders.stages import (
     PositiveEdges,
     Stage,
     bucket_edge_counts,
+    positive_batches,
     run_stages,
 )
 
@@ -139,15 +141,14 @@ class SpreadEdgeTargets:
         pairs = _PairCounts(plan)
         p = plan.num_partitions
         base = epoch_seed(self.seed, plan.epoch, SALT_BUCKET_SPREAD)
+        index = 0
         for loaded in states:
             g = loaded.graph
             src, dst, edges = self._edges_here(g, loaded.index, pairs, p, base)
             order = torch.randperm(edges.numel(), generator=order_gen)
-            src, dst, edges = src[order], dst[order], edges[order]
-            for start in range(0, edges.numel(), self.batch_size):
-                e = edges[start:start + self.batch_size]
-                rel = g.rel[e] if g.rel is not None else torch.zeros(e.numel(), dtype=torch.int64)
-                yield PositiveEdges(g, src[start:start + self.batch_size], dst[start:start + self.batch_size], rel)
+            starts = [(index + k, start) for k, start in enumerate(range(0, edges.numel(), self.batch_size))]
+            index += len(starts)
+            yield from positive_batches(g, src[order], dst[order], edges[order], starts, self.batch_size)
 
     @staticmethod
     def _edges_here(g, s: int, pairs: _PairCounts, p: int, base: int):
@@ -204,6 +205,12 @@ class EdgeLoader(BufferedLoader):
     With ``fanouts``, each batch also carries a DENSE over its distinct endpoints and
     negatives, for a GNN encoder.
 
+    Negatives and the encoder's sampling run on ``loader_threads`` threads ahead of the
+    consumer (`graphstore.loaders.pipeline`; 0: in its thread), each batch from its own
+    random streams, so the batches are the same for every value; a ``transform`` (e.g.
+    ``EdgeBatch.to_pyg``) runs there too. They read the structure only: the embedding rows
+    the consumer updates are never read ahead.
+
     Data parallelism (``rank``, ``world_size``; `graphstore.distributed.data_parallel`): the
     minibatch scheme divides its one state by batches (every N-th); the disk scheme divides
     COMET's/BETA's states in blocks when the inputs are the store's features, and with
@@ -222,7 +229,8 @@ class EdgeLoader(BufferedLoader):
                  capacity: int | None = None, buffer_bytes: int | None = None,
                  embeddings: EmbeddingTable | None = None, fanouts: Sequence[int] | None = None,
                  num_logical_partitions: int | None = None, seed: int = 0, prefetch: bool = True,
-                 rank: int = 0, world_size: int = 1, spread_buckets: bool | None = None) -> None:
+                 rank: int = 0, world_size: int = 1, spread_buckets: bool | None = None,
+                 loader_threads: int | None = None, transform: Callable[[EdgeBatch], Any] | None = None) -> None:
         if int(batch_size) < 1 or int(negatives) < 0 or int(num_chunks) < 1:
             raise ConfigError("batch_size and num_chunks must be >= 1 and negatives >= 0")
         self.batch_size, self.negatives, self.num_chunks = int(batch_size), int(negatives), int(num_chunks)
@@ -258,7 +266,8 @@ class EdgeLoader(BufferedLoader):
         super().__init__(store, scheme=scheme, policy=policy, capacity=capacity, buffer_bytes=buffer_bytes,
                          seed=seed, prefetch=prefetch, embedding_dim=0 if embeddings is None else embeddings.dim,
                          policy_options=options, embeddings=embeddings, shard=self.shard,
-                         write_back=not (self.embedding_placement == "replicated" and shard.rank > 0))
+                         write_back=not (self.embedding_placement == "replicated" and shard.rank > 0),
+                         loader_threads=loader_threads, transform=transform)
         self.spread_buckets = self._resolve_spread(spread_buckets)
         # COMET's l, chosen or derived (the same every epoch), is part of what was decided.
         comet = self.plan(0).options if self.policy == "comet" else {}
@@ -295,11 +304,11 @@ class EdgeLoader(BufferedLoader):
         """The stages after the buffer walk, in order."""
         targets = (SpreadEdgeTargets(self.batch_size, seed=self.seed) if self.spread_buckets
                    else EdgeTargets(self.batch_size, shard=self.shard))
-        stages: list[Stage] = [
-            targets,
-            Negatives(negatives=self.negatives, num_chunks=self.num_chunks, degree_fraction=self.degree_fraction),
-        ]
-        return stages + ([EdgeNeighbourSampling(self.fanouts)] if self.fanouts is not None else [])
+        per_batch: list = [
+            Negatives(negatives=self.negatives, num_chunks=self.num_chunks, degree_fraction=self.degree_fraction)]
+        if self.fanouts is not None:
+            per_batch.append(EdgeNeighbourSampling(self.fanouts))
+        return self._pipeline(targets, per_batch, [])
 
     @property
     def rank(self) -> int:

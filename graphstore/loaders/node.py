@@ -14,6 +14,7 @@ from graphstore.buffer.policies import EpochPlan
 from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
 from graphstore.loaders.base import BufferedLoader
+from graphstore.loaders.batches import NodeBatch
 from graphstore.loaders.feature_cache import FeatureCache, default_cache_bytes
 from graphstore.loaders.macro import (
     DEFAULT_CACHE_LOOKAHEAD,
@@ -174,6 +175,14 @@ class NodeLoader(BufferedLoader):
         every rank still samples over the whole graph's structure). Default: ``"local"``
         for the macrobatch scheme (BatchGNN's distributed fetch then asks the others for
         few rows), ``"interleaved"`` for the schemes that hold their rows.
+    loader_threads : int, optional
+        Threads that sample and gather batches ahead of the consumer, at most twice as many
+        batches in flight (`graphstore.loaders.pipeline`); 0: in the consumer's thread.
+        The batches are the same for every value. Default: the cores torch's threads leave
+        free, at least 1 (`default_loader_threads`).
+    transform : callable, optional
+        Applied to every batch on the loader's threads, e.g. ``NodeBatch.to_pyg``; the epoch
+        yields what it returns.
 
     Examples
     --------
@@ -198,7 +207,8 @@ class NodeLoader(BufferedLoader):
                  feature_cache_bytes: int | None = None, feature_cache: str | None = None,
                  cache_lookahead: int = DEFAULT_CACHE_LOOKAHEAD, aggregated: str | None = None,
                  rank: int = 0, world_size: int = 1, feature_fetch=None, balance_labels: bool | None = False,
-                 seed_assignment: str | None = None) -> None:
+                 seed_assignment: str | None = None, loader_threads: int | None = None,
+                 transform: Callable[[NodeBatch], Any] | None = None) -> None:
         if not store.manifest.has_labels:
             raise ConfigError(f"{store.path}: node classification needs labels; the store has none")
         if int(batch_size) < 1:
@@ -225,7 +235,8 @@ class NodeLoader(BufferedLoader):
         self.shard = shard if shard.world_size > 1 else None
         super().__init__(store, scheme=scheme, policy=policy, capacity=capacity, buffer_bytes=buffer_bytes,
                          seed=seed, prefetch=prefetch, cache_fraction=static_cache,
-                         train_partitions=self.train_partitions, shard=self.shard)
+                         train_partitions=self.train_partitions, shard=self.shard,
+                         loader_threads=loader_threads, transform=transform)
         self.balance, self.label_skew = None, None
         if (balance_labels or balance_labels is None) and self.targets.size:
             labels = np.asarray(store.labels[self.targets], dtype=np.int64)
@@ -357,14 +368,19 @@ class NodeLoader(BufferedLoader):
 
     def stages(self) -> list[Stage]:
         """The stages after the buffer walk, in order."""
-        stages: list[Stage] = [
-            NodeTargets(self.targets, partition_size=self.store.partition_size, batch_size=self.batch_size,
-                        shuffle=self.shuffle, passes=self._passes, shard=self.shard, balance=self.balance,
-                        owner_bounds=self.owner_bounds),
-            NeighbourSampling(self.fanouts, direction=self.direction),
-            GatherRows() if self.macro is None else self.macro,
-        ]
-        return stages + ([self.micro] if self.micro is not None else [])
+        targets = NodeTargets(self.targets, partition_size=self.store.partition_size, batch_size=self.batch_size,
+                              shuffle=self.shuffle, passes=self._passes, shard=self.shard, balance=self.balance,
+                              owner_bounds=self.owner_bounds)
+        per_batch: list = [NeighbourSampling(self.fanouts, direction=self.direction)]
+        # Macro-batching gathers a macro-batch's rows in order after the pool sampled them.
+        after: list[Stage] = [] if self.macro is None else [self.macro]
+        if self.macro is None:
+            per_batch.append(GatherRows())
+        if self.micro is not None:
+            # A fixed K splits each batch alone (on the threads); a budget's search follows
+            # the batches' order (after them).
+            (per_batch if self.micro.per_batch and not after else after).append(self.micro)
+        return self._pipeline(targets, per_batch, after)
 
     def num_batches(self, epoch: int) -> int:
         """Batches of ``epoch`` (with ``reuse`` passes; states cut batches separately); with

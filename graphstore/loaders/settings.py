@@ -68,11 +68,15 @@ class LoaderSettings:
     """Fraction of the nodes in HierBatching's static cache (0.0: none)."""
     static_cache_nodes: int
     """Nodes in the static cache."""
+    loader_threads: int | None
+    """Threads that sample and gather the batches (`graphstore.loaders.pipeline`; 0: in the
+    consumer's thread); None in records written before it was recorded."""
 
     _KINDS: ClassVar[dict[str, str]] = {
         "scheme": _STR, "policy": _STR, "num_partitions": _INT, "capacity": _INT, "buffer_bytes": _INT,
-        "prefetch": _BOOL, "seed": _INT, "static_cache_fraction": _FLOAT, "static_cache_nodes": _INT}
-    _OPTIONAL: ClassVar[frozenset[str]] = frozenset({"buffer_bytes"})
+        "prefetch": _BOOL, "seed": _INT, "static_cache_fraction": _FLOAT, "static_cache_nodes": _INT,
+        "loader_threads": _INT}
+    _OPTIONAL: ClassVar[frozenset[str]] = frozenset({"buffer_bytes", "loader_threads"})
     _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset()
     """Fields left out of `to_dict` when None: the ones added after records were first
     written, so a record of a run that does not use them keeps its old shape."""

@@ -25,6 +25,7 @@ samples nothing another rank trains.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -42,6 +43,7 @@ from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
 from graphstore.loaders.batches import EdgeBatch, EdgeIndex, NodeBatch
+from graphstore.loaders.pipeline import ThreadLocalWorkspace
 from graphstore.loaders.seeds import epoch_generator, epoch_seed
 from graphstore.loaders.shard import Shard
 from graphstore.sample import DENSE, Batch, choose_micro_batches, sample_dense, split_dense
@@ -82,6 +84,12 @@ class EpochContext:
         """The epoch's (or the round's) random stream for one purpose."""
         return epoch_generator(self.seed, self.epoch, salt, *self.stream)
 
+    def batch_generator(self, salt: int, index: int) -> torch.Generator:
+        """Batch ``index``'s own random stream for one purpose: what a per-batch stage draws
+        from, so a batch is the same whichever thread runs it and whenever
+        (`graphstore.loaders.pipeline`)."""
+        return epoch_generator(self.seed, self.epoch, salt, *self.stream, index)
+
 
 class Stage(Protocol[In, Out]):
     def __call__(self, items: Iterator[In], ctx: EpochContext) -> Iterator[Out]: ...
@@ -111,6 +119,10 @@ class TargetBatch:
     graph: ResidentGraph
     targets: torch.Tensor
     """int64 [B] local ids."""
+    index: int
+    """The batch's place in the epoch (all ranks' batches counted): its random streams' key."""
+    ends_state: bool
+    """The last batch of its state (the buffer may move on once it is consumed)."""
     class_weights: torch.Tensor | None = None
     """float32 [num_classes] loss weight of each class in this batch's state, or None
     (`NodeTargets`'s ``balance``)."""
@@ -136,6 +148,10 @@ class PositiveEdges:
     """int64 [B]."""
     rel: torch.Tensor
     """int64 [B] relation ids (zeros without relations)."""
+    index: int
+    """The batch's place in the epoch (or round): its random streams' key."""
+    ends_state: bool
+    """The last batch of its state (the buffer may move on once it is consumed)."""
 
 
 # ------------------------------------------------------------------ plan and buffer
@@ -296,40 +312,48 @@ class NodeTargets:
                 mine = self.shard.local_shares(mine, self.owner_bounds)[self.shard.rank]
             local = g.to_local(mine)
             weights = self._class_weights(g, local)
+            kept: list[tuple[int, torch.Tensor]] = []  # the state's batches, so its last is known
             for _ in range(passes[loaded.index]):
                 ids = local[torch.randperm(local.numel(), generator=order_gen)] if self.shuffle else local
                 for start in range(0, ids.numel(), self.batch_size):
                     if by_owner or not by_batches or self.shard.takes_batch(index):
-                        yield TargetBatch(g, ids[start:start + self.batch_size], weights)
+                        kept.append((index, ids[start:start + self.batch_size]))
                     index += 1
+            for k, (i, batch) in enumerate(kept):
+                yield TargetBatch(g, batch, i, k == len(kept) - 1, weights)
 
 
 class NeighbourSampling:
-    """DENSE over each batch's targets, within the resident graph."""
+    """DENSE over each batch's targets, within the resident graph (a per-batch step,
+    `graphstore.loaders.pipeline`)."""
 
     def __init__(self, fanouts: Sequence[int], *, direction: str = "in", salt: int = SALT_NODE_SAMPLE) -> None:
         self.fanouts, self.direction, self.salt = tuple(fanouts), direction, salt
 
-    def __call__(self, batches: Iterator[TargetBatch], ctx: EpochContext) -> Iterator[SampledBatch]:
-        generator = ctx.generator(self.salt)
-        workspace = None
-        for b in batches:
+    def bind(self, ctx: EpochContext) -> Callable[[TargetBatch, int], SampledBatch]:
+        workspace = ThreadLocalWorkspace(new_workspace)
+
+        def sample(b: TargetBatch, index: int) -> SampledBatch:
             g = b.graph
-            if workspace is None or workspace.numel() != g.num_nodes:
-                workspace = new_workspace(g)
-            yield SampledBatch(g, sample_dense(g, b.targets, self.fanouts, generator=generator,
-                                               workspace=workspace, direction=self.direction,
-                                               return_edge_ids=g.rel is not None), b.class_weights)
+            dense = sample_dense(g, b.targets, self.fanouts, generator=ctx.batch_generator(self.salt, index),
+                                 workspace=workspace.get(g), direction=self.direction,
+                                 return_edge_ids=g.rel is not None)
+            return SampledBatch(g, dense, b.class_weights)
+
+        return sample
 
 
 class GatherRows:
-    """The sampled nodes' feature rows and the targets' labels, from the resident rows."""
+    """The sampled nodes' feature rows and the targets' labels, from the resident rows (a
+    per-batch step)."""
 
-    def __call__(self, batches: Iterator[SampledBatch], ctx: EpochContext) -> Iterator[NodeBatch]:
-        for b in batches:
+    def bind(self, ctx: EpochContext) -> Callable[[SampledBatch, int], NodeBatch]:
+        def gather(b: SampledBatch, index: int) -> NodeBatch:
             gathered = Batch.gather(b.dense, b.graph.features, b.graph.labels)
-            yield NodeBatch(gathered.dense, gathered.features, gathered.labels.long(), b.graph,
-                            class_weights=b.class_weights)
+            return NodeBatch(gathered.dense, gathered.features, gathered.labels.long(), b.graph,
+                             class_weights=b.class_weights)
+
+        return gather
 
 
 class MicroBatchSplit:
@@ -337,10 +361,14 @@ class MicroBatchSplit:
     step fits ``budget`` bytes by ``estimator``; the batch carries them in
     ``micro_batches`` and the trainer accumulates their gradients into one update.
 
+    With a fixed K the split is a per-batch step (`bind`: it runs in the loader's pool,
+    each batch's split seeded by its index). With a budget it is a stage of its own after
+    the pool (`__call__`, in the consumer's thread): each batch's search for K starts from
+    the previous batch's K, an order the pool would not keep; the first batch of every epoch
+    starts from 1, so a resumed run chooses the same Ks.
+
     ``stats`` (reset every epoch) counts batches, micro-batches, the largest and last K, and
-    input rows with and without the split (the duplication micro-batching costs). With a
-    budget, each batch's search for K starts from the previous batch's K; the first batch
-    of every epoch starts from 1, so a resumed run chooses the same Ks."""
+    input rows with and without the split (the duplication micro-batching costs)."""
 
     def __init__(self, *, num_micro_batches: int | None, budget: int | None, strategy: str, seed: int,
                  estimator: Callable[[DenseSizes], int] | None = None) -> None:
@@ -353,24 +381,50 @@ class MicroBatchSplit:
         self.seed, self.estimator = seed, estimator
         self.stats: dict[str, int] = {}
 
+    @property
+    def per_batch(self) -> bool:
+        """Whether the split is a per-batch step (a fixed K), else a stage after the pool."""
+        return self.budget is None
+
+    def _count(self, stats: dict[str, int], batch: NodeBatch, parts: list) -> None:
+        stats["batches"] = stats.get("batches", 0) + 1
+        stats["micro_batches"] = stats.get("micro_batches", 0) + len(parts)
+        stats["max_k"] = max(stats.get("max_k", 0), len(parts))
+        stats["last_k"] = len(parts)
+        stats["input_rows"] = stats.get("input_rows", 0) + sum(int(p.dense.num_nodes) for p in parts)
+        stats["batch_input_rows"] = stats.get("batch_input_rows", 0) + int(batch.dense.num_nodes)
+
+    def bind(self, ctx: EpochContext) -> Callable[[NodeBatch, int], NodeBatch]:
+        stats: dict[str, int] = {}
+        self.stats = stats
+        lock = threading.Lock()
+        base = epoch_seed(self.seed, ctx.epoch, salt=SALT_MICRO_SPLIT)
+
+        def split(batch: NodeBatch, index: int) -> NodeBatch:
+            parts = split_dense(batch.dense, min(self.num_micro_batches, batch.dense.num_targets),
+                                strategy=self.strategy, seed=base + index)
+            with lock:  # counters only: sums and a maximum, the same in any order
+                self._count(stats, batch, parts)
+            return replace(batch, micro_batches=tuple(parts))
+
+        return split
+
     def __call__(self, batches: Iterator[NodeBatch], ctx: EpochContext) -> Iterator[NodeBatch]:
+        """The split as a stage in the batches' order (a budget's, or any after
+        macro-batching), each batch seeded by its position."""
+        if self.per_batch:
+            split = self.bind(ctx)
+            for step, batch in enumerate(batches):
+                yield split(batch, step)
+            return
         stats: dict[str, int] = {}
         self.stats = stats
         base = epoch_seed(self.seed, ctx.epoch, salt=SALT_MICRO_SPLIT)
         for step, batch in enumerate(batches):
-            if self.budget is not None:
-                parts = choose_micro_batches(batch.dense, self.budget, estimator=self.estimator,
-                                             strategy=self.strategy, seed=base + step,
-                                             start_k=stats.get("last_k", 1))
-            else:
-                parts = split_dense(batch.dense, min(self.num_micro_batches, batch.dense.num_targets),
-                                    strategy=self.strategy, seed=base + step)
-            stats["batches"] = stats.get("batches", 0) + 1
-            stats["micro_batches"] = stats.get("micro_batches", 0) + len(parts)
-            stats["max_k"] = max(stats.get("max_k", 0), len(parts))
-            stats["last_k"] = len(parts)
-            stats["input_rows"] = stats.get("input_rows", 0) + sum(int(p.dense.num_nodes) for p in parts)
-            stats["batch_input_rows"] = stats.get("batch_input_rows", 0) + int(batch.dense.num_nodes)
+            parts = choose_micro_batches(batch.dense, self.budget, estimator=self.estimator,
+                                         strategy=self.strategy, seed=base + step,
+                                         start_k=stats.get("last_k", 1))
+            self._count(stats, batch, parts)
             yield replace(batch, micro_batches=tuple(parts))
 
 
@@ -397,52 +451,68 @@ class EdgeTargets:
             g = loaded.graph
             src, dst, edges = g.training_edges(bucket_states, loaded.index)
             order = torch.randperm(edges.numel(), generator=order_gen)
-            src, dst, edges = src[order], dst[order], edges[order]
+            starts = []  # the state's batches, so its last is known
             for start in range(0, edges.numel(), self.batch_size):
+                if not by_batches or self.shard.takes_batch(index):
+                    starts.append((index, start))
                 index += 1
-                if by_batches and not self.shard.takes_batch(index - 1):
-                    continue
-                e = edges[start:start + self.batch_size]
-                rel = g.rel[e] if g.rel is not None else torch.zeros(e.numel(), dtype=torch.int64)
-                yield PositiveEdges(g, src[start:start + self.batch_size], dst[start:start + self.batch_size], rel)
+            yield from positive_batches(g, src[order], dst[order], edges[order], starts, self.batch_size)
+
+
+def positive_batches(g: ResidentGraph, src: torch.Tensor, dst: torch.Tensor, edges: torch.Tensor,
+                     starts: Sequence[tuple[int, int]], batch_size: int) -> Iterator[PositiveEdges]:
+    """A state's batches of positives: ``(index, start)`` of each, in order, the last one
+    marked as the state's end."""
+    for k, (index, start) in enumerate(starts):
+        e = edges[start:start + batch_size]
+        rel = g.rel[e] if g.rel is not None else torch.zeros(e.numel(), dtype=torch.int64)
+        yield PositiveEdges(g, src[start:start + batch_size], dst[start:start + batch_size], rel, index,
+                            k == len(starts) - 1)
 
 
 class Negatives:
     """Negatives for each batch of positives, shared by chunks (MariusGNN's ``num_chunks``,
-    ``degree_fraction``), drawn among the state's resident nodes."""
+    ``degree_fraction``), drawn among the state's resident nodes (a per-batch step)."""
 
     def __init__(self, *, negatives: int, num_chunks: int, degree_fraction: float) -> None:
         self.negatives, self.num_chunks, self.degree_fraction = negatives, num_chunks, degree_fraction
 
-    def __call__(self, positives: Iterator[PositiveEdges], ctx: EpochContext) -> Iterator[EdgeBatch]:
-        generator = ctx.generator(SALT_NEGATIVES)
-        graph = resident = degrees = None
-        for pos in positives:
+    def bind(self, ctx: EpochContext) -> Callable[[PositiveEdges, int], EdgeBatch]:
+        lock = threading.Lock()
+        latest: list = [None, None, None]  # the graph, its resident nodes and degrees (one state's)
+
+        def candidates(g: ResidentGraph):
+            with lock:  # once a state, by the first thread that meets it
+                if latest[0] is not g:
+                    degrees = g.indptr.diff().to(torch.float64) if self.degree_fraction > 0 else None
+                    latest[:] = [g, g.resident_nodes(), degrees]
+                return latest[1], latest[2]
+
+        def draw(pos: PositiveEdges, index: int) -> EdgeBatch:
             g = pos.graph
-            if g is not graph:  # a new state: its candidates, once
-                graph, resident = g, g.resident_nodes()
-                degrees = g.indptr.diff().to(torch.float64) if self.degree_fraction > 0 else None
+            resident, degrees = candidates(g)
             b = pos.src.numel()
             negs = sample_negatives(
                 b, num_chunks=min(self.num_chunks, max(1, b)), negatives_per_positive=self.negatives,
-                num_nodes=g.num_nodes, generator=generator, degree_fraction=self.degree_fraction,
-                candidates=resident, degrees=degrees)
-            yield EdgeBatch(pos.src, pos.dst, pos.rel, negs, g)
+                num_nodes=g.num_nodes, generator=ctx.batch_generator(SALT_NEGATIVES, index),
+                degree_fraction=self.degree_fraction, candidates=resident, degrees=degrees)
+            return EdgeBatch(pos.src, pos.dst, pos.rel, negs, g)
+
+        return draw
 
 
 class EdgeNeighbourSampling:
-    """For a GNN encoder: DENSE over each batch's distinct endpoints and negatives."""
+    """For a GNN encoder: DENSE over each batch's distinct endpoints and negatives (a
+    per-batch step)."""
 
     def __init__(self, fanouts: Sequence[int]) -> None:
         self.fanouts = tuple(fanouts)
 
-    def __call__(self, batches: Iterator[EdgeBatch], ctx: EpochContext) -> Iterator[EdgeBatch]:
-        generator = ctx.generator(SALT_EDGE_SAMPLE)
-        workspace = None
-        for batch in batches:
+    def bind(self, ctx: EpochContext) -> Callable[[EdgeBatch, int], EdgeBatch]:
+        workspace = ThreadLocalWorkspace(new_workspace)
+
+        def sample(batch: EdgeBatch, index: int) -> EdgeBatch:
             g, src, dst, negs = batch.graph, batch.src, batch.dst, batch.negatives
-            if workspace is None or workspace.numel() != g.num_nodes:
-                workspace = new_workspace(g)
             nodes, inverse = torch.unique(torch.cat([src, dst, negs.nodes.flatten()]), return_inverse=True)
             # Targets in store-id order (not local-id order, which depends on the slots), so
             # the sampler consumes its random stream the same way under any slot layout.
@@ -451,10 +521,12 @@ class EdgeNeighbourSampling:
             rank[order] = torch.arange(order.numel())
             nodes, inverse = nodes[order], rank[inverse]
             b = src.numel()
-            index = EdgeIndex(inverse[:b], inverse[b:2 * b], inverse[2 * b:].view(negs.nodes.shape))
-            dense = sample_dense(g, nodes, self.fanouts, generator=generator, workspace=workspace,
-                                 return_edge_ids=g.rel is not None)
-            yield replace(batch, dense=dense, nodes=nodes, index=index)
+            index_ = EdgeIndex(inverse[:b], inverse[b:2 * b], inverse[2 * b:].view(negs.nodes.shape))
+            dense = sample_dense(g, nodes, self.fanouts, generator=ctx.batch_generator(SALT_EDGE_SAMPLE, index),
+                                 workspace=workspace.get(g), return_edge_ids=g.rel is not None)
+            return replace(batch, dense=dense, nodes=nodes, index=index_)
+
+        return sample
 
 
 def bucket_edge_counts(plan: EpochPlan, bucket_sizes: np.ndarray) -> list[int]:

@@ -26,7 +26,7 @@ NC_CONFIG_KEYS = {
     "eval_batch_size", "eval_fanouts", "eval_fanouts_rule", "eval_scheme", "fanouts", "heads", "hidden",
     "loader_scheme", "loaders", "lr", "lr_schedule", "macro_batch_bytes", "macro_batches", "metrics_out",
     "feature_cache_bytes", "feature_cache", "cache_lookahead", "micro_batch_budget", "micro_batches",
-    "micro_batching", "micro_strategy", "model", "normalize_features", "num_layers", "policy", "prefetch", "resume",
+    "micro_batching", "micro_strategy", "model", "normalize_features", "num_layers", "policy", "prefetch", "resume", "loader_threads",
     "reuse", "scheme", "seed", "static_cache", "store", "weight_decay",
     # issue 30: early stopping, evaluation's rhythm, per-state label balance, the derived defaults' rules
     "patience", "eval_every", "balance_labels", "derived"}
@@ -37,7 +37,7 @@ LP_CONFIG_KEYS = {
     "eval_corrupt", "eval_encoder", "eval_every", "eval_mode", "fanouts", "heads", "hidden", "learnable_embeddings",
     "loader",
     "loss", "lr", "margin", "metrics_out", "model", "negatives", "num_chunks", "num_logical_partitions",
-    "optimizer", "policy", "prefetch", "regularization", "relation_init", "resume", "scheme", "seed", "store",
+    "optimizer", "policy", "prefetch", "loader_threads", "regularization", "relation_init", "resume", "scheme", "seed", "store",
     # issue 30: early stopping, the derived defaults' rules
     "patience", "derived"}
 
@@ -162,7 +162,7 @@ def test_help_lists_every_field(options):
 
 def test_run_only_options_are_the_ones_resume_may_change():
     assert common.RUN_ONLY == {"config", "resume", "epochs", "eval_every", "metrics_out", "checkpoint_dir", "device",
-                               "store", "derived"}
+                               "store", "derived", "loader_threads"}
     assert nc.NodeClassificationOptions.run_only_names() - common.RUN_ONLY == {"patience"}
     assert lp.LinkPredictionOptions.run_only_names() - common.RUN_ONLY == {"patience", "eval_encoder"}
 

@@ -1,0 +1,150 @@
+"""The per-batch stages of an epoch run on a pool of loader threads.
+
+An epoch's chain (`graphstore.loaders.stages`) has two kinds of stage. The *walk* and the
+*targets* (which states are resident, which targets each batch trains) are cheap and
+sequential: they decide what the batches are. Everything after them (neighbour sampling,
+gathering the rows, negatives, the micro-batch split, a user's ``transform``) is work on
+one batch alone, and is most of the data path's time. `Pipelined` runs that per-batch work
+for N batches at once on N threads and hands the results on in order, through a bounded
+window of batches in flight.
+
+Threads, not processes: the sampling kernel is a C library called through ctypes, which
+releases the GIL for the call, and torch's index and copy ops release it too, so N threads
+sample and gather N batches in parallel in one address space, reading the resident graph
+in place (worker processes would have to copy or share it). What still holds the GIL is the
+Python glue around those calls, a small part of a batch (``tools/bench_loader.py`` measures
+the scaling).
+
+The same batches for every N. A batch draws its randomness from its own streams, keyed by
+``(seed, epoch, batch index)`` (`EpochContext.batch_generator`), never from a stream shared
+with the batches before it, so the thread that runs it and the order in which batches
+finish change nothing: ``loader_threads=0`` (inline, in the consumer's thread), 1 or 16
+give the same batches in the same order.
+
+The buffer stays safe. A batch refers to its state's resident graph, whose slots the buffer
+reuses for the next state. The targets stage marks each state's last batch
+(``ends_state``); after handing that one to the pool, the pipeline pulls nothing more from
+upstream (which would move the buffer on) until the consumer has taken every batch of the
+state and asked for the next one: the moment the sequential chain moves on too.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
+
+import torch
+
+from graphstore.errors import ConfigError
+
+__all__ = ["BatchStep", "Pipelined", "ThreadLocalWorkspace", "available_cores", "check_loader_threads",
+           "default_loader_threads"]
+
+BatchFn = Callable[[Any, int], Any]
+"""A bound per-batch step: ``(item, batch index) -> item``; safe to call from any thread."""
+
+
+class BatchStep(Protocol):
+    """A stage whose work is per batch: `bind` gives the epoch's function of one item."""
+
+    def bind(self, ctx) -> BatchFn: ...
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_loader_threads() -> int:
+    """Loader threads when none are given: the cores torch's own threads leave free, at
+    least one (on 2 cores with torch on 2 threads: 1, the loader beside the model)."""
+    return max(1, available_cores() - torch.get_num_threads())
+
+
+def check_loader_threads(threads: int | None) -> int:
+    """``threads`` checked (None: `default_loader_threads`)."""
+    if threads is None:
+        return default_loader_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ConfigError(f"loader_threads must be an integer >= 0 (0: in the consumer's thread; got {threads!r})")
+    return threads
+
+
+class Pipelined:
+    """The stage that runs ``steps`` (each a `BatchStep`) for each item on ``threads``
+    threads, at most ``depth`` items in flight or ready, and yields the results in order.
+
+    ``threads=0`` runs them inline in the consumer's thread (no pool). An error in a step
+    reaches the consumer when it asks for that batch; when the consumer stops (early, or
+    by an error), the batches not started are cancelled and the running ones finish before
+    the stage closes, so nothing still reads a state the buffer is about to release."""
+
+    def __init__(self, steps: Sequence[BatchStep], *, threads: int, depth: int | None = None,
+                 keyed: bool = True) -> None:
+        self.steps, self.threads, self.keyed = tuple(steps), int(threads), keyed
+        self.depth = max(1, 2 * self.threads if depth is None else int(depth))
+
+    def __call__(self, items: Iterator, ctx) -> Iterator:
+        """``items`` carry their batch index and state end (``index``, ``ends_state``: the
+        targets' items) when ``keyed``; else (a user's transform after macro-batching) each
+        is keyed by its position and no state end is known (the walk has one state)."""
+        fns = [step.bind(ctx) for step in self.steps]
+
+        def work(item, index: int):
+            for fn in fns:
+                item = fn(item, index)
+            return item
+
+        if self.threads == 0:
+            for position, item in enumerate(items):
+                yield work(item, item.index if self.keyed else position)
+            return
+        yield from self._pooled(iter(items), work)
+
+    def _pooled(self, source: Iterator, work: Callable) -> Iterator:
+        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="graphstore-loader")
+        pending: deque[Future] = deque()
+        exhausted = False
+        held = False  # a state's last batch is in flight: pull nothing until it is consumed
+        position = 0
+        try:
+            while True:
+                while not (exhausted or held) and len(pending) < self.depth:
+                    item = next(source, None)
+                    if item is None:
+                        exhausted = True
+                        break
+                    pending.append(pool.submit(work, item, item.index if self.keyed else position))
+                    position += 1
+                    held = self.keyed and item.ends_state
+                if not pending:
+                    if exhausted:
+                        return
+                    held = False  # the consumer took the state's last batch and asked for more
+                    continue
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+            pool.shutdown(wait=True)
+
+
+class ThreadLocalWorkspace:
+    """A scratch tensor per thread, rebuilt when the graph it is for changes size (the
+    sampler's node-sized workspace: one per thread, never shared)."""
+
+    def __init__(self, make: Callable[[Any], torch.Tensor]) -> None:
+        self._make, self._local = make, threading.local()
+
+    def get(self, graph) -> torch.Tensor:
+        ws = getattr(self._local, "tensor", None)
+        if ws is None or ws.numel() != graph.num_nodes:
+            ws = self._local.tensor = self._make(graph)
+        return ws
