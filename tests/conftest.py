@@ -15,6 +15,22 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` skip without a CUDA device, all for one reason; on the GPU
+    machine's check (``GS_REQUIRE_CUDA=1``) a missing device fails them instead, so a
+    broken CUDA install cannot pass as a run of skips."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    if os.environ.get("GS_REQUIRE_CUDA") == "1":
+        raise pytest.UsageError(f"GS_REQUIRE_CUDA=1 but torch {torch.__version__} sees no CUDA device "
+                                f"(torch.version.cuda: {torch.version.cuda})")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
 @pytest.fixture
 def shared_data() -> Path:
     """``../shared/data`` (read-only); tests needing it skip on a user's machine without it."""

@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -106,6 +107,7 @@ from graphstore.errors import ConfigError
 from graphstore.inference import AGGREGATE_INPUTS, InferenceStats, infer_layerwise, min_buffer_bytes
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import NodeLoader, NodeLoaderSettings
+from graphstore.loaders.transfer import DeviceFeeder
 from graphstore.loaders.defaults import default_batch_size, feature_normalization, memory_budget
 from graphstore.loaders.feature_cache import default_cache_bytes
 from graphstore.nn import (
@@ -355,6 +357,13 @@ def prepare(batch, args: NodeClassificationOptions | None):
     return dataclasses.replace(batch, features=normalize_rows(batch.features.float()))
 
 
+@functools.cache
+def feeder(device) -> DeviceFeeder:
+    """The run's `DeviceFeeder` for ``device`` (its pinned buffers kept across epochs); on
+    the CPU it hands batches on as they are."""
+    return DeviceFeeder(device)
+
+
 def _on(rows: torch.Tensor | None, device) -> torch.Tensor | None:
     """``rows`` on ``device`` (None stays None: a batch without stored aggregates)."""
     return None if rows is None else rows.to(device, non_blocking=True)
@@ -471,7 +480,8 @@ def train_epoch(model, optimizer, loader: NodeLoader, epoch: int, device, *, see
     total, count = 0.0, 0
     # An epoch's batches are a function of (seed, epoch) alone, whatever the buffer kept
     # from the previous epoch (graphstore.loaders), so a resumed run replays it exactly.
-    for batch in common.progress(loader.epoch(epoch), desc=f"epoch {epoch}", total=loader.num_batches(epoch)):
+    batches = feeder(device)(loader.epoch(epoch))
+    for batch in common.progress(batches, desc=f"epoch {epoch}", total=loader.num_batches(epoch)):
         batch = prepare(batch, args)
         labels = batch.labels.to(device)
         optimizer.zero_grad(set_to_none=True)
@@ -528,7 +538,7 @@ def evaluate(model, loader: NodeLoader, epoch: int, device,
     (checked). The loss shows overfitting that accuracy on a small split hides."""
     model.eval()
     correct, seen, loss_sum = 0, 0, 0.0
-    for batch in common.progress(loader.epoch(epoch), desc=f"evaluate {loader.split}",
+    for batch in common.progress(feeder(device)(loader.epoch(epoch)), desc=f"evaluate {loader.split}",
                                  total=loader.num_batches(epoch)):
         batch = prepare(batch, args)
         logits = model(batch.features.to(device), batch.dense.to(device), aggregated=_on(batch.aggregated, device),

@@ -54,6 +54,7 @@ the same tensor slice for every layer that computes that node.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -296,9 +297,10 @@ class DENSE:
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> DENSE:
         """A copy with every tensor on ``device``."""
-        def move(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device, non_blocking=non_blocking)
+        return self.map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
 
+    def map_tensors(self, move: Callable[[torch.Tensor], torch.Tensor]) -> DENSE:
+        """A copy with ``move`` applied to every tensor (e.g. a staged copy to a device)."""
         nbrs = move(self.nbrs)
         # repr_map[0] is nbrs itself; keep it shared rather than holding two device copies.
         repr_map = (nbrs,) + tuple(move(t) for t in self.repr_map[1:])
