@@ -104,7 +104,9 @@ class Manifest:
     partitioner: dict[str, Any]
     """Method, seed, rule for p, edge cut achieved on the final partitions, seconds."""
     conversion: dict[str, Any]
-    """Counts from conversion: source edges, self loops and duplicates dropped or kept."""
+    """Counts from conversion: source edges, self loops found and dropped, duplicates found
+    and merged (rows the source repeats in the same direction), reverse edges present and
+    added (undirected sources)."""
     chunks: dict[str, int]
     """Chunk lengths: ``node_rows`` (features), ``node_rows_1d``, ``edges``."""
     created_by: str
