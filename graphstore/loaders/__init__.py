@@ -8,6 +8,11 @@ stages (`stages`), each with one job and typed items in and out::
     StructureWalk -> NodeTargets -> NeighbourSampling -> MacroBatchGather     (macrobatch)
     Planner -> BufferWalk -> EdgeTargets -> Negatives [-> EdgeNeighbourSampling]
 
+The per-batch stages (sampling, gathering, negatives, a fixed micro-batch split, a
+``transform``) run on ``loader_threads`` threads ahead of the consumer (`pipeline`), with the
+same batches for any number of threads; `transfer.DeviceFeeder` stages batches onto a CUDA
+device one step ahead.
+
 With ``rank`` and ``world_size`` a node loader yields one data-parallel rank's share of
 each epoch (`shard`: a block of the buffer states, or every N-th batch).
 
@@ -19,12 +24,15 @@ trainers' ``--resume`` relies on it).
 from graphstore.loaders.batches import EdgeBatch, EdgeIndex, NodeBatch
 from graphstore.loaders.edge import EdgeLoader
 from graphstore.loaders.node import NodeLoader
+from graphstore.loaders.pipeline import default_loader_threads
 from graphstore.loaders.schemes import SCHEMES, Scheme
 from graphstore.loaders.settings import EdgeLoaderSettings, LoaderSettings, NodeLoaderSettings
 from graphstore.loaders.shard import Shard
+from graphstore.loaders.transfer import DeviceFeeder
 
 __all__ = [
     "SCHEMES",
+    "DeviceFeeder",
     "EdgeBatch",
     "EdgeIndex",
     "EdgeLoader",
@@ -35,4 +43,5 @@ __all__ = [
     "NodeLoaderSettings",
     "Scheme",
     "Shard",
+    "default_loader_threads",
 ]
