@@ -471,3 +471,63 @@ def test_disjoint_balances_the_ranks_and_regroups_every_epoch():
     tiny = plan_epoch("disjoint", num_partitions=3, capacity=2, epoch=0, seed=0, world_size=4)
     assert tiny.options["group_size"] == 1 and len(tiny.states) == 6
     assert tiny.options["round_edges"] == [[2, 1, 0, 0]] * 3
+
+
+@pytest.fixture(scope="module")
+def kg_bucket_sizes(tmp_path_factory) -> dict[int, np.ndarray]:
+    """``{p: [p, p]}`` edges of bucket (i, j) of the trainers' test knowledge graph (2,640
+    training triples) under random partitions: the graph of the data-parallel figures."""
+    import graphstore
+    from tests.trainers.conftest import write_clustered_kg
+
+    root = tmp_path_factory.mktemp("kg_buckets")
+    write_clustered_kg(root / "src")
+    sizes = {}
+    for p in (5, 8, 16):
+        graphstore.convert(root / "src", root / f"kg{p}.gs", num_partitions=p, partitioner="random")
+        with graphstore.open(root / f"kg{p}.gs") as store:
+            sizes[p] = np.diff(store.bucket_offsets).reshape(p, p).T
+    return sizes
+
+
+def round_batches(plan: EpochPlan, sizes: np.ndarray, batch_size: int) -> np.ndarray:
+    """``[round, rank]`` batches of positives each rank trains in each round (a state's last
+    batch part-filled, as the edge loader cuts them)."""
+    edges = np.bincount(np.asarray(plan.bucket_states).ravel(), weights=sizes.ravel(), minlength=len(plan.states))
+    table = np.zeros((plan.options["num_rounds"], plan.options["world_size"]))
+    np.add.at(table, (np.asarray(plan.state_rounds), np.asarray(plan.state_ranks)), np.ceil(edges / batch_size))
+    return table
+
+
+@pytest.mark.parametrize("p, world, bound", [(8, 3, 1.12), (16, 3, 1.12), (8, 2, 1.12), (8, 4, 1.12), (5, 3, 1.25)])
+def test_disjoint_steps_are_close_to_the_batches_divided_evenly(kg_bucket_sizes, p, world, bound):
+    """The steps (each round's busiest rank's batches, summed) within ``bound`` of the
+    batches divided evenly, batches of 64 as in tests/distributed. Each round of the
+    round-robin tournament alone held 4 pairs of 8 groups for 3 ranks, so one rank trained
+    two states while the others waited: 28 steps where dividing gives 20 (1.4x) at (epoch 0,
+    seed 0) and (1, 3), 1.26x at 16 partitions. 5 partitions fit at most 2 of their 10 pairs
+    a round: 5 rounds of at least a pair's 4 batches, 1.25x the even split, and no rank
+    idles. Told the batch size, the plan never takes more steps."""
+    sizes = kg_bucket_sizes[p]
+    for epoch, seed in [(0, 0), (1, 3), (2, 1), (1, 4)]:
+        kw = dict(num_partitions=p, capacity=4, epoch=epoch, seed=seed, world_size=world, bucket_edges=sizes)
+        plan = plan_epoch("disjoint", **kw)  # as the edge loader asks for it: weighed by edges
+        held, buckets = membership(plan), np.asarray(plan.bucket_states)
+        i, j = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
+        assert held[buckets, i].all() and held[buckets, j].all()  # every bucket once, both ends resident
+        rounds = np.asarray(plan.state_rounds)
+        assert all(held[rounds == t].sum(axis=0).max() == 1 for t in np.unique(rounds))
+        table = round_batches(plan, sizes, 64)
+        assert table.sum() == np.ceil(np.bincount(buckets.ravel(), weights=sizes.ravel()) / 64).sum()
+        steps = table.max(axis=1).sum()
+        assert steps <= bound * table.sum() / world, (epoch, seed, table.tolist())
+        assert (table > 0).all(), table.tolist()  # no rank idles a round
+        # Told the batch size, the plan counts a state's part-filled last batch as a step.
+        told = round_batches(plan_epoch("disjoint", **kw, batch_size=64), sizes, 64)
+        assert told.max(axis=1).sum() <= steps, (epoch, seed, told.tolist())
+
+
+def test_disjoint_refuses_a_batch_size_that_is_not_a_positive_integer():
+    for bad in (0, -1, 2.5, True, "64"):
+        with pytest.raises(ConfigError, match=r"batch_size must be an integer >= 1 or None \(got"):
+            plan_epoch("disjoint", num_partitions=4, capacity=2, world_size=2, batch_size=bad)

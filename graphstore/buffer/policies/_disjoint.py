@@ -14,28 +14,43 @@ This plan is built for it, from COMET's idea of random logical groups:
 
 1. the p partitions are drawn into ``l`` random groups of at most ``c // 2`` partitions
    (two groups fit in a buffer of c; at least 2N groups when p allows it), regrouped every
-   epoch from ``(seed, epoch)``. The fewest such groups, and up to N more, are each
-   planned; the plan whose rounds' busiest ranks add up to the fewest edges
-   wins, the fewest groups unless more cut that by 10 % (more groups: more states, reads
-   and rounds). A round's pairs divided among N ranks decide how even they can be: 8
-   groups give 4 pairs a round, which 3 ranks cannot share; 7 give 3 pairs and a rest;
+   epoch from ``(seed, epoch)``. The fewest such groups and up to N more are each planned
+   (steps 2-4), two ways each; the plan whose rounds' busiest ranks add up to the fewest
+   steps wins, unless one that reads fewer partitions (fewer groups, fewer states) is
+   within 5 % of it;
 2. every pair of groups must be resident together once, and a *round* is a set of disjoint
-   pairs: the round-robin tournament (circle method) over the groups gives ``l - 1``
-   rounds (``l`` when l is odd: one group rests each round) of ``floor(l / 2)`` pairs, so
-   every pair of groups meets exactly once;
+   pairs, each round's states trained by the ranks at the same time. Two schedules of the
+   pairs are tried: the round-robin tournament (circle method: ``l - 1`` rounds of
+   ``floor(l / 2)`` pairs, ``l`` rounds with one group resting when l is odd), and rounds
+   of N pairs, the pairs placed largest first, each in the first round where both its
+   groups are free, so that pairs of like size share a round and each round's largest
+   state is small. The tournament alone wasted a round's worth of steps whenever its
+   ``floor(l / 2)`` pairs were not a multiple of N: 8 groups give 4 pairs a round, one
+   rank trains two of them while the others wait (3 ranks over 8 partitions: 28 steps
+   where the batches divided by 3 are 20). The second schedule fills ``floor(pairs / N)``
+   rounds; a pair that fits none of them (its groups taken, or the remainder) joins the
+   first where both its groups are free, as a second state of some rank, and only a pair
+   that fits nowhere opens another round;
 3. bucket (i, j) between two groups trains in the one state holding their pair; the buckets
    inside a group (i == j included) train together in one state holding the group: a
-   pair's in some round, or the group alone in the round it rests (a state of its own, so
-   a third rank has work when 5 partitions make 2 pairs a round). Groups are placed
-   largest first where their round's bound on the busiest rank (largest state, mean, two
-   of the N + 1 largest) grows least: with METIS partitions most edges are inside them,
-   and gathering them in one round padded every rank to the busiest;
+   pair's in some round, or the group alone in a round that leaves it free (a state of its
+   own, so that a rank without a pair has work: 5 partitions make 2 pairs a round for 3
+   ranks). Groups are placed largest first where their round's busiest rank (its states
+   dealt as in step 4) grows least, then moved one at a time while a move lowers the
+   rounds' busiest ranks' sum (placed greedily, an early group can take the round a later
+   one needed: with METIS partitions most edges are inside them, and gathering them in one
+   round padded every rank to the busiest);
 4. each round's states are dealt to the ranks largest first, each to the rank with the
-   fewest edges so far (then the fewest states): the states of one round are pairwise
+   fewest steps so far (then the fewest states): the states of one round are pairwise
    disjoint, so the ranks train them concurrently; between rounds the ranks write back and
-   wait for each other (the trainer's barrier). ``bucket_edges`` (the store's bucket
-   sizes; the edge loader passes them) weighs the states; without it every bucket counts
-   one. ``options["round_edges"]`` reports each rank's edges per round.
+   wait for each other (the trainer's barrier).
+
+A state's steps are its edges: ``bucket_edges`` (the store's bucket sizes; the edge loader
+passes them) weighs the states, and without it every bucket counts one. Given
+``batch_size`` (positives per batch), a state's steps are its batches,
+``ceil(edges / batch_size)``, as the trainer counts them: when a state holds a few batches,
+the part-filled last batch of each state decides as much as the edges do.
+``options["round_edges"]`` reports each rank's edges per round.
 
 States are listed round by round, each round rank by rank (`EpochPlan.state_rounds`,
 `EpochPlan.state_ranks`). With N = 1 it is a valid single-process plan (each state a
@@ -46,6 +61,7 @@ with p < 2N some ranks have no state in a round and only take part in its steps.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -77,17 +93,61 @@ def round_robin_pairs(n: int) -> list[list[tuple[int, int]]]:
     return rounds
 
 
-@register_policy("disjoint", task=TASK_LINK, options=("world_size", "bucket_edges"),
+def rounds_of_largest_first(pairs: list[tuple[int, int]], pair_edges: np.ndarray,
+                            per_round: int) -> list[list[tuple[int, int]]]:
+    """Rounds of disjoint pairs, ``per_round`` in each of ``floor(len(pairs) / per_round)``
+    rounds: the pairs largest first (equal ones in the given order), each into the first
+    round where both its groups are free and there is room; a pair that finds no room in
+    those rounds joins the first of them where both are free (some rank trains two states
+    there), and one that finds neither opens a round.
+
+    ``pair_edges`` [l, l]: the edges of each pair of groups.
+
+    >>> edges = np.array([[0, 5, 3, 1], [5, 0, 1, 3], [3, 1, 0, 4], [1, 3, 4, 0]])
+    >>> rounds_of_largest_first([(0, 3), (1, 2), (0, 2), (1, 3), (0, 1), (2, 3)], edges, 2)
+    [[(0, 1), (2, 3)], [(0, 2), (1, 3)], [(0, 3), (1, 2)]]
+
+    8 groups, 3 ranks: 9 rounds of 3 pairs, and the 28th pair a second state in one of them
+
+    >>> pairs = [pair for pairs in round_robin_pairs(8) for pair in pairs]
+    >>> [len(r) for r in rounds_of_largest_first(pairs, np.ones((8, 8)), 3)]
+    [3, 3, 3, 3, 3, 3, 3, 3, 4]
+    """
+    pairs_arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    pairs_arr = pairs_arr[np.argsort(-pair_edges[pairs_arr[:, 0], pairs_arr[:, 1]], kind="stable")]
+    full = max(1, len(pairs_arr) // per_round)
+    first = np.arange(len(pairs_arr)) < full  # rounds at most one per pair
+    used = np.zeros((len(pairs_arr), len(pair_edges)), dtype=bool)  # [round, group]
+    count = np.zeros(len(pairs_arr), dtype=np.int64)
+    rounds: list[list[tuple[int, int]]] = [[] for _ in range(len(pairs_arr))]
+    for a, b in pairs_arr.tolist():
+        free = ~used[:, a] & ~used[:, b]
+        fits = free & (count < per_round)
+        if not (fits & first).any() and (free & first).any():
+            fits = free & first  # a second state for some rank of that round
+        t = int(np.argmax(fits))
+        used[t, [a, b]] = True
+        count[t] += 1
+        rounds[t].append((a, b))
+    return [sorted(r) for r in rounds if r]
+
+
+@register_policy("disjoint", task=TASK_LINK, options=("world_size", "bucket_edges", "batch_size"),
                  summary="link prediction: rounds of partition-disjoint states, one share per data-parallel rank")
 def plan_disjoint(*, num_partitions: int, capacity: int, epoch: int, seed: int, rng: np.random.Generator,
-                  world_size: int = 1, bucket_edges: np.ndarray | None = None) -> EpochPlan:
+                  world_size: int = 1, bucket_edges: np.ndarray | None = None,
+                  batch_size: int | None = None) -> EpochPlan:
     """Rounds of pairs of random partition groups, each round's states disjoint and dealt
-    to ``world_size`` ranks so that the ranks' edges are as even as they can be
-    (``bucket_edges`` [p, p]: edges of bucket (i, j); None counts every bucket as one edge).
+    to ``world_size`` ranks so that the ranks' steps are as even as they can be
+    (``bucket_edges`` [p, p]: edges of bucket (i, j), None counts every bucket as one edge;
+    ``batch_size``: a state's steps are ``ceil(edges / batch_size)``, None: its edges).
     Module docstring."""
     p, c = num_partitions, capacity
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ConfigError(f"world_size must be an integer >= 1 (got {world_size!r})")
+    whole = isinstance(batch_size, (int, np.integer)) and not isinstance(batch_size, bool)
+    if batch_size is not None and not (whole and batch_size >= 1):
+        raise ConfigError(f"batch_size must be an integer >= 1 or None (got {batch_size!r})")
     n_ranks = int(world_size)
     if p > 1 and c < 2:
         raise ConfigError(f"disjoint needs capacity >= 2 when num_partitions > 1 (got capacity {c})")
@@ -100,20 +160,43 @@ def plan_disjoint(*, num_partitions: int, capacity: int, epoch: int, seed: int, 
     fewest = max(min(2 * n_ranks, p), math.ceil(p / max(1, c // 2))) if p > 1 else 1
     order = rng.permutation(p)
     stream = int(rng.integers(2**63))  # every candidate breaks its ties with the same draws
-    candidates = [_plan_groups(np.array_split(order, num_groups), weights, n_ranks, np.random.default_rng(stream))
-                  for num_groups in range(fewest, min(p, fewest + n_ranks) + 1)]
-    # More groups mean more states and rounds (reads, barriers, part-filled batches): only
-    # for 10 % fewer steps.
-    costs = [r[0].cost(n_ranks) for r in candidates]
-    best = min((r for r, cost in zip(candidates, costs) if cost <= 1.1 * min(costs)), key=lambda r: len(r[0].schedule))
-    rounds, inner_unit, groups, group_of = best
-    return _assemble(rounds, inner_unit, groups, group_of, n_ranks, plan_args=dict(
+    batch = None if batch_size is None else int(batch_size)
+    candidates = [plan for num_groups in range(fewest, min(p, fewest + n_ranks) + 1)
+                  for plan in _plan_groups(np.array_split(order, num_groups), weights, n_ranks,
+                                           np.random.default_rng(stream), batch)]
+    # More groups mean more reads (and states and rounds): only for 5 % fewer steps.
+    cheapest = min(cand.cost for cand in candidates)
+    best = min((cand for cand in candidates if cand.cost <= 1.05 * cheapest),
+               key=lambda cand: (cand.reads, cand.cost, cand.num_rounds))
+    return _assemble(best, n_ranks, plan_args=dict(
         num_partitions=p, capacity=c, epoch=epoch, seed=seed, weighted=bucket_edges is not None))
 
 
-def _plan_groups(split: list[np.ndarray], weights: np.ndarray, n_ranks: int, rng: np.random.Generator):
-    """The rounds over these groups and where each group's inner buckets train."""
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """One schedule of one grouping, its groups' inner buckets placed."""
+
+    rounds: _Rounds
+    """The rounds' units and their edges."""
+    inner_unit: np.ndarray
+    """[l] int64: the unit (``t * width + i``) training each group's inner buckets."""
+    groups: list[np.ndarray]
+    """The groups' partitions, ascending."""
+    group_of: np.ndarray
+    """[p] int64: each partition's group."""
+    cost: float
+    """The rounds' busiest ranks' steps, summed (`_Rounds.cost`)."""
+    reads: int
+    """Partitions read in the epoch: each state's, once."""
+    num_rounds: int
+    """Rounds of its schedule (barriers)."""
+
+
+def _plan_groups(split: list[np.ndarray], weights: np.ndarray, n_ranks: int, rng: np.random.Generator,
+                 batch_size: int | None) -> list[_Candidate]:
+    """The two schedules of these groups' pairs (step 2), each with its inner buckets placed."""
     groups = [np.sort(g) for g in split]
+    sizes = np.array([len(g) for g in groups])
     group_of = np.empty(len(weights), dtype=np.int64)
     for index, g in enumerate(groups):
         group_of[g] = index
@@ -121,16 +204,22 @@ def _plan_groups(split: list[np.ndarray], weights: np.ndarray, n_ranks: int, rng
     np.add.at(between, (group_of[:, None], group_of[None, :]), weights)
     cross = between + between.T
     np.fill_diagonal(cross, 0.0)
-    schedule = round_robin_pairs(len(groups)) or [[(0, 0)]]  # one group: one state holding it
-    best = None
-    # Greedy placement depends on the order of equal groups; a few orders where that is cheap.
-    for _ in range(_PLACEMENT_TRIES if len(groups) <= 16 else 1):
-        rounds = _Rounds(schedule, len(groups), cross)
-        inner_unit = rounds.place_inner(np.diag(between).copy(), n_ranks, rng)
-        cost = rounds.cost(n_ranks)
-        if best is None or cost < best[0]:
-            best = (cost, rounds, inner_unit)
-    return best[1], best[2], groups, group_of
+    tournament = round_robin_pairs(len(groups)) or [[(0, 0)]]  # one group: one state holding it
+    largest_first = rounds_of_largest_first([pair for pairs in tournament for pair in pairs], cross, n_ranks)
+    out = []
+    for schedule in (tournament, largest_first):
+        best = None
+        # Greedy placement depends on the order of equal groups; a few orders where that is cheap.
+        for _ in range(_PLACEMENT_TRIES if len(groups) <= 16 else 1):
+            rounds = _Rounds(schedule, len(groups), cross, batch_size)
+            inner_unit = rounds.place_inner(np.diag(between).copy(), n_ranks, rng)
+            cost = rounds.cost(n_ranks)
+            if best is None or cost < best[0]:
+                best = (cost, rounds, inner_unit)
+        cost, rounds, inner_unit = best
+        out.append(_Candidate(rounds, inner_unit, groups, group_of, cost, rounds.reads(inner_unit, sizes),
+                              len(schedule)))
+    return out
 
 
 _PLACEMENT_TRIES = 4
@@ -147,28 +236,53 @@ def _bucket_weights(bucket_edges: np.ndarray | None, p: int) -> np.ndarray:
 
 
 class _Rounds:
-    """Each round's units (states to be): its pairs of groups, then, with an odd number of
-    groups, the resting group alone (a state only if it is given its inner buckets), with
-    the edges each would train."""
+    """Each round's units (states to be): its pairs of groups, then each group the round
+    leaves free, alone (a state only if it is given its inner buckets), with the edges each
+    would train."""
 
-    def __init__(self, schedule: list[list[tuple[int, int]]], num_groups: int, pair_edges: np.ndarray) -> None:
+    def __init__(self, schedule: list[list[tuple[int, int]]], num_groups: int, pair_edges: np.ndarray,
+                 batch_size: int | None) -> None:
         self.schedule = schedule
-        width = max(len(pairs) for pairs in schedule) + num_groups % 2
+        self.batch_size = batch_size
+        width = max(num_groups - len({g for pair in pairs for g in pair}) + len(pairs) for pairs in schedule)
         self.load = np.zeros((len(schedule), width))
         self.unit_of = np.full((len(schedule), num_groups), -1, dtype=np.int64)  # [round, group] -> unit
         self.resting = np.zeros((len(schedule), width), dtype=bool)
         for t, pairs in enumerate(schedule):
-            for i, (a, b) in enumerate(pairs):
+            for i, (a, b) in enumerate(pairs):  # with one group, the schedule's (0, 0) holds it
                 self.unit_of[t, [a, b]] = i
                 self.load[t, i] = pair_edges[a, b]
             rest = np.flatnonzero(self.unit_of[t] < 0)
-            if len(rest):  # the odd group out (with one group, schedule's (0, 0) holds it)
-                self.unit_of[t, rest] = width - 1
-                self.resting[t, width - 1] = True
+            self.unit_of[t, rest] = len(pairs) + np.arange(len(rest))
+            self.resting[t, len(pairs):len(pairs) + len(rest)] = True
+
+    def steps(self, load: np.ndarray) -> np.ndarray:
+        """A unit's steps for its edges: its batches given a batch size, else its edges."""
+        return load if self.batch_size is None else np.ceil(load / self.batch_size)
+
+    def members(self, t: int, i: int) -> np.ndarray:
+        """The groups of round ``t``'s unit ``i``."""
+        return np.flatnonzero(self.unit_of[t] == i)
+
+    def states(self, inner_unit: np.ndarray) -> np.ndarray:
+        """[rounds, width] bool: the units that become states, every pair and a group alone
+        where it trains its inner buckets."""
+        rounds, width = self.load.shape
+        state = np.zeros((rounds, width), dtype=bool)
+        state[np.arange(rounds)[:, None], self.unit_of] = True  # units with a member
+        wanted = np.zeros(rounds * width, dtype=bool)
+        wanted[inner_unit] = True
+        return state & (~self.resting | wanted.reshape(rounds, width))
+
+    def reads(self, inner_unit: np.ndarray, sizes: np.ndarray) -> int:
+        """Partitions the states read, each state's once (``sizes`` [l]: the groups')."""
+        held = self.states(inner_unit)[np.arange(len(self.schedule))[:, None], self.unit_of]  # [round, group]
+        return int((held * sizes[None, :]).sum())
 
     def place_inner(self, inner: np.ndarray, n_ranks: int, rng: np.random.Generator) -> np.ndarray:
         """Put each group's inner edges in one round's unit holding it, largest first, where
-        the round's makespan bound grows least; returns [group] (round, unit) as t * width + i."""
+        the round's busiest rank grows least, then improve (`_move_inner`); returns [group]
+        (round, unit) as t * width + i."""
         rounds, width = self.load.shape
         shuffled = rng.permutation(len(inner))  # ties between equal groups drawn per epoch
         order = shuffled[np.argsort(-inner[shuffled], kind="stable")]
@@ -176,41 +290,67 @@ class _Rounds:
         t_all = np.arange(rounds)
         for a in order.tolist():
             units = self.unit_of[:, a]
-            before = _makespan_bound(self.load, n_ranks)
+            before = _makespan(self.steps(self.load), n_ranks)
             trial = self.load.copy()
             trial[t_all, units] += inner[a]
-            after = _makespan_bound(trial, n_ranks)
+            after = _makespan(self.steps(trial), n_ranks)
             # A resting unit becomes a state of its own (one more read): only for real work.
             rest = self.resting[t_all, units]
             cost = np.where(rest & (inner[a] == 0), np.inf, after - before)
             t = int(np.lexsort((self.load.sum(1), rest, after, cost))[0])
             self.load[t, units[t]] += inner[a]
             chosen[a] = t * width + units[t]
+        self._move_inner(inner, chosen, n_ranks)
         return chosen
 
+    def _move_inner(self, inner: np.ndarray, chosen: np.ndarray, n_ranks: int) -> None:
+        """Move one group's inner edges to another round, the move that lowers the rounds'
+        summed busiest ranks most, until none does (as many moves as groups at most)."""
+        rounds, width = self.load.shape
+        t_all = np.arange(rounds)
+        for _ in range(len(inner)):
+            busiest = _makespan(self.steps(self.load), n_ranks)
+            best_gain, best_move = 1e-9, None
+            for a in np.flatnonzero(inner > 0).tolist():
+                s, i = divmod(int(chosen[a]), width)
+                left = self.load[s:s + 1].copy()
+                left[0, i] -= inner[a]
+                trial = self.load.copy()
+                trial[t_all, self.unit_of[:, a]] += inner[a]
+                gain = (busiest[s] - _makespan(self.steps(left), n_ranks)[0]
+                        + busiest - _makespan(self.steps(trial), n_ranks))
+                gain[s] = -np.inf
+                t = int(np.argmax(gain))
+                if gain[t] > best_gain:
+                    best_gain, best_move = gain[t], (a, s, i, t)
+            if best_move is None:
+                return
+            a, s, i, t = best_move
+            self.load[s, i] -= inner[a]
+            self.load[t, self.unit_of[t, a]] += inner[a]
+            chosen[a] = t * width + self.unit_of[t, a]
+
     def cost(self, n_ranks: int) -> float:
-        """The busiest rank's edges summed over the rounds, each round's units dealt by `_deal`."""
-        total = 0.0
-        for t in range(len(self.schedule)):
-            load = self.load[t][self.load[t] > 0]
-            total += np.bincount(_deal(load, n_ranks), weights=load, minlength=n_ranks).max() if len(load) else 0.0
-        return total
+        """The busiest rank's steps summed over the rounds, each round's units dealt by `_deal`."""
+        return float(_makespan(self.steps(self.load), n_ranks).sum())
 
 
-def _makespan_bound(load: np.ndarray, n_ranks: int) -> np.ndarray:
-    """[rounds] a lower bound on each round's busiest rank, units [rounds, width] dealt whole
-    to ``n_ranks``: the largest unit, the mean, and (more units than ranks) two of the
-    ``n_ranks + 1`` largest on one rank."""
+def _makespan(load: np.ndarray, n_ranks: int) -> np.ndarray:
+    """[rounds] each round's busiest rank when `_deal` deals its units [rounds, width] (largest
+    first to the least loaded rank), for all rounds at once."""
     top = -np.sort(-load, axis=1)
-    bound = np.maximum(top[:, 0], load.sum(1) / n_ranks)
-    if load.shape[1] > n_ranks:
-        bound = np.maximum(bound, top[:, n_ranks - 1] + top[:, n_ranks])
-    return bound
+    top = top[:, :max(n_ranks, int((top > 0).sum(axis=1).max(initial=0)))]  # the empty units change nothing
+    totals = np.zeros((len(load), n_ranks))
+    totals[:, :min(n_ranks, top.shape[1])] = top[:, :n_ranks]  # the N largest, one a rank
+    rows = np.arange(len(load))
+    for unit in top[:, n_ranks:].T:  # then the k-th largest unit of every round
+        totals[rows, np.argmin(totals, axis=1)] += unit
+    return totals.max(axis=1)
 
 
 def _deal(load: np.ndarray, n_ranks: int) -> np.ndarray:
     """[units] rank of each unit: largest first to the least loaded rank (then the one with
-    fewest units, so p >= 2N gives every rank a state)."""
+    fewest units, so a round of at least N units gives every rank a state)."""
     ranks = np.empty(len(load), dtype=np.int64)
     totals, counts = np.zeros(n_ranks), np.zeros(n_ranks, dtype=np.int64)
     for u in np.argsort(-load, kind="stable").tolist():
@@ -219,31 +359,30 @@ def _deal(load: np.ndarray, n_ranks: int) -> np.ndarray:
     return ranks
 
 
-def _assemble(rounds: _Rounds, inner_unit: np.ndarray, groups: list[np.ndarray], group_of: np.ndarray,
-              n_ranks: int, *, plan_args: dict) -> EpochPlan:
+def _assemble(best: _Candidate, n_ranks: int, *, plan_args: dict) -> EpochPlan:
     """The states round by round, each round rank by rank, and every bucket's state."""
+    rounds, groups = best.rounds, best.groups
     num_rounds, width = rounds.load.shape
     num_groups = len(groups)
-    wanted = set(inner_unit.tolist())  # a resting group's unit is a state only with work
+    is_state = rounds.states(best.inner_unit)
     state_of = {}
     states, rounds_of, ranks_of = [], [], []
     round_edges = np.zeros((num_rounds, n_ranks))
     for t in range(num_rounds):
-        members = [np.flatnonzero(rounds.unit_of[t] == i) for i in range(width)]
-        units = [i for i in range(width) if len(members[i]) and (not rounds.resting[t, i] or t * width + i in wanted)]
-        ranks = _deal(rounds.load[t, units], n_ranks)
+        units = np.flatnonzero(is_state[t]).tolist()
+        ranks = _deal(rounds.steps(rounds.load[t, units]), n_ranks)
         np.add.at(round_edges[t], ranks, rounds.load[t, units])
         for i, r in sorted(zip(units, ranks.tolist()), key=lambda x: (x[1], x[0])):
             state_of[t * width + i] = len(states)
-            states.append(tuple(sorted(np.concatenate([groups[g] for g in members[i]]).tolist())))
+            states.append(tuple(sorted(np.concatenate([groups[g] for g in rounds.members(t, i)]).tolist())))
             rounds_of.append(t)
             ranks_of.append(r)
     table = np.full((num_groups, num_groups), -1, dtype=np.int32)
     for t, pairs in enumerate(rounds.schedule):
         for a, b in pairs:
             table[a, b] = table[b, a] = state_of[t * width + rounds.unit_of[t, a]]
-    table[np.arange(num_groups), np.arange(num_groups)] = [state_of[u] for u in inner_unit.tolist()]
-    bucket_states = table[group_of[:, None], group_of[None, :]]
+    table[np.arange(num_groups), np.arange(num_groups)] = [state_of[u] for u in best.inner_unit.tolist()]
+    bucket_states = table[best.group_of[:, None], best.group_of[None, :]]
     return EpochPlan(
         policy="disjoint", task=TASK_LINK, num_partitions=plan_args["num_partitions"],
         capacity=plan_args["capacity"], epoch=plan_args["epoch"], seed=plan_args["seed"],
