@@ -211,8 +211,20 @@ def test_a_transform_runs_on_the_threads_and_its_errors_name_the_batch(store):
 
 def test_threads_are_recorded_and_checked(store):
     loader = NodeLoader(store, split="train", fanouts=(3,), batch_size=10)
-    assert loader.settings.to_dict()["loader_threads"] == default_loader_threads() >= 1
+    assert loader.settings.to_dict()["loader_threads"] == default_loader_threads() >= 0
     assert NodeLoader(store, split="train", fanouts=(3,), batch_size=10, loader_threads=0).settings.loader_threads == 0
     for bad in (-1, 1.5, True):
         with pytest.raises(ConfigError, match="loader_threads must be an integer >= 0"):
             NodeLoader(store, split="train", fanouts=(3,), batch_size=10, loader_threads=bad)
+
+
+def test_the_default_leaves_torch_its_cores_and_gives_a_gpu_run_the_host(monkeypatch):
+    from graphstore.loaders import pipeline
+
+    monkeypatch.setattr(pipeline, "available_cores", lambda: 16)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 12)
+    assert default_loader_threads() == 4 and default_loader_threads("cuda") == 15
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    assert default_loader_threads() == 0  # inline: a thread would compete with torch's
+    monkeypatch.setattr(pipeline, "available_cores", lambda: 1)
+    assert default_loader_threads("cuda") == 1

@@ -38,6 +38,7 @@ import torch
 from graphstore.errors import ConfigError, GraphStoreError
 from graphstore.layout._durable import fsync_tree, write_atomically
 from graphstore.loaders.defaults import memory_budget
+from graphstore.loaders.pipeline import default_loader_threads
 from graphstore.loaders.seeds import epoch_seed
 from graphstore.units import jsonable
 
@@ -254,6 +255,11 @@ def default_buffer(args: Any, *, whole_graph: bool, saved: dict[str, Any] | None
     budget = memory_budget()
     figure, rule = least_over_ranks(budget.bytes, budget.rule)
     return {"buffer_bytes": figure}, rule
+
+
+def loader_threads(args: Any) -> int:
+    """``--loader-threads``, or the default for the run's device (`default_loader_threads`)."""
+    return args.loader_threads if args.loader_threads is not None else default_loader_threads(args.device)
 
 
 def least_over_ranks(figure: int, rule: str) -> tuple[int, str]:

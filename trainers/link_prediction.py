@@ -473,7 +473,7 @@ class Trainer:
             capacity=args.buffer_partitions, buffer_bytes=args.buffer_bytes, embeddings=self.table,
             fanouts=None if args.encoder == "none" else args.fanouts,
             num_logical_partitions=args.num_logical_partitions, seed=args.seed, prefetch=args.prefetch,
-            rank=self.rank, world_size=self.world, loader_threads=args.loader_threads)
+            rank=self.rank, world_size=self.world, loader_threads=common.loader_threads(args))
         self.embedding_placement = self.loader.embedding_placement  # None in one process
         self._last_graph = None
         common.seed_everything(args.seed)  # model initialisation (the same on every rank)

@@ -413,7 +413,7 @@ def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificat
     common_kw = dict(scheme=config.loader_scheme, policy=args.policy, capacity=args.buffer_partitions,
                      buffer_bytes=args.buffer_bytes, static_cache=args.static_cache, seed=args.seed,
                      prefetch=args.prefetch, rank=rank, world_size=config.world_size,
-                     loader_threads=args.loader_threads)
+                     loader_threads=common.loader_threads(args))
     micro_kw = {}
     if args.micro_batching:
         micro_kw = dict(micro_batches=args.micro_batches, micro_batch_budget=args.micro_batch_budget,

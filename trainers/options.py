@@ -333,7 +333,8 @@ class CommonOptions(Options):
     loader_threads: int | None = option(
         None, type=non_negative_int, metavar="N", run_only=True,
         help="threads that sample and gather batches ahead of training (0: in the training thread; the batches "
-             "are the same for every N; default: the cores torch's threads leave free, at least 1)")
+             "are the same for every N; default on the CPU: the cores torch's threads leave free, 0 when it uses "
+             "them all; with --device cuda: all cores but one)")
     metrics_out: str | None = option(None, metavar="M.json", run_only=True, help="write the metrics JSON here")
     checkpoint_dir: str | None = option(None, metavar="D", run_only=True,
                                         help="save a checkpoint here after every epoch")
