@@ -10,7 +10,10 @@
 
 A stage is a callable ``stage(items, ctx) -> iterator``: it consumes the previous stage's
 items lazily and yields its own, so the buffer's next state loads while this state's
-batches train. Each stage that draws takes its own random stream from the `EpochContext`
+batches train. The stages after the targets that work on one batch alone (sampling,
+gathering, negatives, a fixed micro-batch split) are per-batch steps (``bind(ctx)``): the
+loader runs them on its threads (`graphstore.loaders.pipeline.Pipelined`), each batch from
+its own random streams (`EpochContext.batch_generator`). Each stage that draws takes its own random stream from the `EpochContext`
 (``ctx.generator(salt)``), so an epoch replays exactly and adding a stage never shifts
 another's draws. `run_stages` chains them and closes every stage when the consumer stops,
 so the buffer is closed (and embeddings written back) however the epoch ends.
