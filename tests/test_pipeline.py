@@ -228,3 +228,47 @@ def test_the_default_leaves_torch_its_cores_and_gives_a_gpu_run_the_host(monkeyp
     assert default_loader_threads() == 0  # inline: a thread would compete with torch's
     monkeypatch.setattr(pipeline, "available_cores", lambda: 1)
     assert default_loader_threads("cuda") == 1
+
+
+class Rows:
+    """A per-batch step whose batch holds ``size`` bytes of rows."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def bind(self, ctx):
+        def make(item, index):
+            time.sleep(0.002)
+            return torch.zeros(self.size, dtype=torch.uint8)
+
+        return make
+
+
+def test_the_batches_held_ahead_stay_within_their_bytes():
+    items = [Item(i, False, 0) for i in range(40)]
+    bounded = Pipelined([Rows(1000)], threads=3, depth=6, max_bytes=2500)
+    for _ in bounded(iter(items), ctx=None):
+        time.sleep(0.004)  # a slow consumer: the pool fills up to its bound
+    assert bounded.stats.batches == 40 and bounded.stats.largest_batch_bytes == 1000
+    assert bounded.stats.peak_held_batches == 2 and bounded.stats.peak_held_bytes <= 2500
+    free = Pipelined([Rows(1000)], threads=3, depth=6)
+    for _ in free(iter(items), ctx=None):
+        time.sleep(0.004)
+    assert free.stats.peak_held_batches == 6  # only the depth bounds it
+    lone = Pipelined([Rows(1000)], threads=3, max_bytes=10)  # a batch larger than the bound still runs, alone
+    assert len(list(lone(iter(items), ctx=None))) == 40 and lone.stats.peak_held_batches == 1
+
+
+def test_with_threads_a_byte_budget_counts_the_batches_made_ahead(store):
+    budget = 200_000  # a few partitions of the 6
+    inline = NodeLoader(store, split="train", fanouts=(3,), batch_size=10, scheme="megabatch", buffer_bytes=budget,
+                        loader_threads=0)
+    pooled = NodeLoader(store, split="train", fanouts=(3,), batch_size=10, scheme="megabatch", buffer_bytes=budget,
+                        loader_threads=2)
+    assert inline.settings.loader_queue_bytes is None and "loader_queue_bytes" not in inline.settings.to_dict()
+    assert pooled.settings.loader_queue_bytes == budget // 8
+    assert pooled.footprint.total <= budget - budget // 8 < inline.footprint.total + budget // 8
+    list(pooled.epoch(0))
+    stats = pooled.pipeline_stats
+    assert stats.batches == pooled.num_batches(0) and stats.max_bytes == budget // 8
+    assert stats.peak_held_bytes <= max(budget // 8, stats.largest_batch_bytes)

@@ -931,7 +931,8 @@ def _train(args: LinkPredictionOptions) -> int:
                 last_eval_s = t2 - t1
             io = common.io_stats(trainer.loader.epoch_stats[rounds_before:])  # this rank's, every round
             record = {"epoch": epoch, "train_loss": loss, "train_edges": n, "valid": valid,
-                      "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io}
+                      "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io,
+                      "loader": trainer.loader.pipeline_stats.to_dict()}
             history.append(record)
             if valid is not None and (best is None or valid[key] > best["valid"][key]):
                 best, snapshot = record, trainer.snapshot(reps)

@@ -776,7 +776,7 @@ def _train(args: NodeClassificationOptions) -> int:
                       "micro_batching": loaders["train"].micro_stats or None,
                       "macro_batching": (loaders["train"].fetch_stats.to_dict()
                                          if loaders["train"].fetch_stats is not None else None),
-                      "eval_io": eval_io}
+                      "loader": loaders["train"].pipeline_stats.to_dict(), "eval_io": eval_io}
             history.append(record)
             if valid is not None and improves(valid, best):
                 best, best_state = record, _cpu_state(model)

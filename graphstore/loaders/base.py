@@ -13,7 +13,7 @@ from graphstore.buffer.policies import EpochPlan
 from graphstore.errors import ConfigError, OutOfCoreWarning
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
-from graphstore.loaders.pipeline import BatchStep, Pipelined, check_loader_threads
+from graphstore.loaders.pipeline import QUEUE_SHARE, BatchStep, Pipelined, PipelineStats, check_loader_threads
 from graphstore.loaders.schemes import SCHEMES, Scheme
 from graphstore.loaders.shard import Shard
 from graphstore.loaders.stages import BufferWalk, EpochContext, Planner, Stage, StructureWalk, run_stages
@@ -96,11 +96,16 @@ class BufferedLoader:
         self.cache = StaticCache.choose(store, cache_fraction)
         self.cache_fraction = 0.0 if self.cache is None else self.cache.fraction
         self.footprint: BufferFootprint | None = None
+        # The batches the threads make ahead are held beside the buffer: with a byte budget
+        # they get a share of it, and the buffer the rest.
+        self.queue_bytes = (buffer_bytes // QUEUE_SHARE if buffer_bytes is not None and self.loader_threads > 0
+                            else None)
+        slot_budget = None if buffer_bytes is None else buffer_bytes - (self.queue_bytes or 0)
         if self.scheme_spec.whole_graph:
             c = p
         elif buffer_bytes is not None:
             c, self.footprint = capacity_for_budget(
-                store, buffer_bytes, self.policy, prefetch=prefetch, embedding_dim=embedding_dim,
+                store, slot_budget, self.policy, prefetch=prefetch, embedding_dim=embedding_dim,
                 static_cache=self.cache, seed=seed, **self._plan_options())
         elif capacity is not None:
             c = int(capacity)
@@ -124,7 +129,7 @@ class BufferedLoader:
                 "capacity": self.capacity, "buffer_bytes": self.buffer_bytes, "prefetch": self.prefetch,
                 "seed": self.seed, "static_cache_fraction": self.cache_fraction,
                 "static_cache_nodes": 0 if self.cache is None else self.cache.num_nodes,
-                "loader_threads": self.loader_threads}
+                "loader_threads": self.loader_threads, "loader_queue_bytes": self.queue_bytes}
 
     def _plan_options(self) -> dict[str, Any]:
         return dict(self.options)
@@ -152,7 +157,9 @@ class BufferedLoader:
         ``after`` in the consumer's order; the ``transform`` last, on the threads too (with
         the per-batch steps when nothing runs after them)."""
         transform = [] if self.transform is None else [Transform(self.transform)]
-        stages = [targets, Pipelined(per_batch + (transform if not after else []), threads=self.loader_threads)]
+        self._pool = Pipelined(per_batch + (transform if not after else []), threads=self.loader_threads,
+                               max_bytes=self.queue_bytes)
+        stages = [targets, self._pool]
         stages += after
         if after and transform:
             # Items after ``after`` carry no state end, so the pool could not hold the walk
@@ -176,6 +183,13 @@ class BufferedLoader:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.settings.to_dict()}>"
+
+    @property
+    def pipeline_stats(self) -> PipelineStats | None:
+        """What the loader threads held ahead of the consumer in the last epoch (None
+        before the first)."""
+        pool = getattr(self, "_pool", None)
+        return None if pool is None else pool.stats
 
     @property
     def memory(self) -> BufferMemory | None:

@@ -30,19 +30,25 @@ state and asked for the next one: the moment the sequential chain moves on too.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from graphstore.errors import ConfigError
 
-__all__ = ["BatchStep", "Pipelined", "ThreadLocalWorkspace", "available_cores", "check_loader_threads",
-           "default_loader_threads"]
+__all__ = ["QUEUE_SHARE", "BatchStep", "PipelineStats", "Pipelined", "ThreadLocalWorkspace", "available_cores",
+           "check_loader_threads", "default_loader_threads"]
+
+QUEUE_SHARE = 8
+"""With loader threads and a byte budget, the batches made ahead of the consumer may hold
+1/8 of the budget; the buffer is sized from the rest (the budget counts both)."""
 
 BatchFn = Callable[[Any, int], Any]
 """A bound per-batch step: ``(item, batch index) -> item``; safe to call from any thread."""
@@ -87,38 +93,98 @@ def check_loader_threads(threads: int | None) -> int:
     return threads
 
 
+def nbytes(value: Any) -> int:
+    """Bytes of the tensors ``value`` holds (a batch: its rows, DENSE, labels, micro-batches;
+    the resident graph it refers to is the buffer's, not counted)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(nbytes(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(nbytes(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "graph")
+    return 0
+
+
+@dataclass
+class PipelineStats:
+    """What the pool held in one epoch: its threads and its bounds, and the most batches
+    and bytes made ahead of the consumer at once (done or in flight, the in-flight ones
+    counted at the largest batch seen)."""
+
+    threads: int
+    depth: int
+    max_bytes: int | None
+    batches: int = 0
+    peak_held_batches: int = 0
+    peak_held_bytes: int = 0
+    largest_batch_bytes: int = 0
+
+    def to_dict(self) -> dict[str, int | None]:
+        return dataclasses.asdict(self)
+
+
 class Pipelined:
     """The stage that runs ``steps`` (each a `BatchStep`) for each item on ``threads``
-    threads, at most ``depth`` items in flight or ready, and yields the results in order.
+    threads and yields the results in order, holding ahead of the consumer at most
+    ``depth`` batches (done or in flight) and, with ``max_bytes``, no more bytes than that
+    (the in-flight ones counted at the largest batch seen; one batch is always let
+    through, or nothing would run).
 
     ``threads=0`` runs them inline in the consumer's thread (no pool). An error in a step
     reaches the consumer when it asks for that batch; when the consumer stops (early, or
     by an error), the batches not started are cancelled and the running ones finish before
-    the stage closes, so nothing still reads a state the buffer is about to release."""
+    the stage closes, so nothing still reads a state the buffer is about to release.
+    ``stats`` describes the last epoch (`PipelineStats`)."""
 
     def __init__(self, steps: Sequence[BatchStep], *, threads: int, depth: int | None = None,
-                 keyed: bool = True) -> None:
+                 max_bytes: int | None = None, keyed: bool = True) -> None:
         self.steps, self.threads, self.keyed = tuple(steps), int(threads), keyed
         self.depth = max(1, 2 * self.threads if depth is None else int(depth))
+        self.max_bytes = max_bytes
+        self.stats = PipelineStats(self.threads, self.depth, max_bytes)
 
     def __call__(self, items: Iterator, ctx) -> Iterator:
         """``items`` carry their batch index and state end (``index``, ``ends_state``: the
         targets' items) when ``keyed``; else (a user's transform after macro-batching) each
         is keyed by its position and no state end is known (the walk has one state)."""
         fns = [step.bind(ctx) for step in self.steps]
+        self.stats = stats = PipelineStats(self.threads, self.depth, self.max_bytes)
 
         def work(item, index: int):
             for fn in fns:
                 item = fn(item, index)
-            return item
+            return item, nbytes(item)
 
         if self.threads == 0:
             for position, item in enumerate(items):
-                yield work(item, item.index if self.keyed else position)
+                batch, size = work(item, item.index if self.keyed else position)
+                stats.batches += 1
+                stats.largest_batch_bytes = max(stats.largest_batch_bytes, size)
+                yield batch
             return
-        yield from self._pooled(iter(items), work)
+        yield from self._pooled(iter(items), work, stats)
 
-    def _pooled(self, source: Iterator, work: Callable) -> Iterator:
+    def _room(self, pending: deque[Future], stats: PipelineStats) -> bool:
+        """Whether one more batch may start: under ``depth``, and under ``max_bytes`` with
+        the done batches at their size and the others at the largest seen."""
+        if len(pending) >= self.depth:
+            return False
+        if self.max_bytes is None or not pending:
+            return True
+        held = self._held_bytes(pending, stats)
+        if stats.largest_batch_bytes == 0:
+            return False  # no batch's size known yet: one at a time until one is done
+        return held + stats.largest_batch_bytes <= self.max_bytes
+
+    @staticmethod
+    def _held_bytes(pending: deque[Future], stats: PipelineStats) -> int:
+        """Bytes held ahead: the done batches' own (each updating the largest seen), the
+        others' at the largest seen."""
+        done = [f.result()[1] for f in pending if f.done() and f.exception() is None]
+        stats.largest_batch_bytes = max([stats.largest_batch_bytes, *done])
+        return sum(done) + (len(pending) - len(done)) * stats.largest_batch_bytes
+
+    def _pooled(self, source: Iterator, work: Callable, stats: PipelineStats) -> Iterator:
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="graphstore-loader")
         pending: deque[Future] = deque()
         exhausted = False
@@ -126,7 +192,7 @@ class Pipelined:
         position = 0
         try:
             while True:
-                while not (exhausted or held) and len(pending) < self.depth:
+                while not (exhausted or held) and self._room(pending, stats):
                     item = next(source, None)
                     if item is None:
                         exhausted = True
@@ -139,7 +205,12 @@ class Pipelined:
                         return
                     held = False  # the consumer took the state's last batch and asked for more
                     continue
-                yield pending.popleft().result()
+                stats.peak_held_batches = max(stats.peak_held_batches, len(pending))
+                stats.peak_held_bytes = max(stats.peak_held_bytes, self._held_bytes(pending, stats))
+                batch, size = pending.popleft().result()
+                stats.batches += 1
+                stats.largest_batch_bytes = max(stats.largest_batch_bytes, size)
+                yield batch
         finally:
             for future in pending:
                 future.cancel()

@@ -71,12 +71,15 @@ class LoaderSettings:
     loader_threads: int | None
     """Threads that sample and gather the batches (`graphstore.loaders.pipeline`; 0: in the
     consumer's thread); None in records written before it was recorded."""
+    loader_queue_bytes: int | None
+    """With threads and a byte budget: the bytes of batches they may hold ahead of the
+    consumer (`QUEUE_SHARE` of the budget, the buffer sized from the rest); else None."""
 
     _KINDS: ClassVar[dict[str, str]] = {
         "scheme": _STR, "policy": _STR, "num_partitions": _INT, "capacity": _INT, "buffer_bytes": _INT,
         "prefetch": _BOOL, "seed": _INT, "static_cache_fraction": _FLOAT, "static_cache_nodes": _INT,
-        "loader_threads": _INT}
-    _OPTIONAL: ClassVar[frozenset[str]] = frozenset({"buffer_bytes", "loader_threads"})
+        "loader_threads": _INT, "loader_queue_bytes": _INT}
+    _OPTIONAL: ClassVar[frozenset[str]] = frozenset({"buffer_bytes", "loader_threads", "loader_queue_bytes"})
     _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset()
     """Fields left out of `to_dict` when None: the ones added after records were first
     written, so a record of a run that does not use them keeps its old shape."""
@@ -179,7 +182,7 @@ class NodeLoaderSettings(LoaderSettings):
         "macro_batches": _INT, "macro_batch_bytes": _INT, "feature_cache_bytes": _INT, "feature_cache": _STR,
         "cache_lookahead": _INT, "aggregated": _STR, "world_size": _INT,
         "balance_labels": _BOOL, "label_skew": _FLOAT, "seed_assignment": _STR}
-    _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"micro_batches", "micro_batch_budget", "micro_strategy",
+    _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"loader_queue_bytes", "micro_batches", "micro_batch_budget", "micro_strategy",
                                                          "macro_batches", "macro_batch_bytes", "feature_cache_bytes",
                                                          "feature_cache", "cache_lookahead", "aggregated",
                                                          "world_size", "balance_labels", "label_skew",
@@ -222,5 +225,5 @@ class EdgeLoaderSettings(LoaderSettings):
         "fanouts": _INTS, "embedding_dim": _INT, "num_logical_partitions": _INT, "logical_capacity": _INT,
         "world_size": _INT, "embedding_placement": _STR, "spread_buckets": _BOOL}
     _OPTIONAL: ClassVar[frozenset[str]] = frozenset({"fanouts"})
-    _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"num_logical_partitions", "logical_capacity",
+    _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"loader_queue_bytes", "num_logical_partitions", "logical_capacity",
                                                          "world_size", "embedding_placement", "spread_buckets"})
