@@ -31,6 +31,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Tests that pin torch to one thread (the example scripts, the exactness checks) give
+    the rest of the session its threads back: loaders choose their threads from torch's."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def shared_data() -> Path:
     """``../shared/data`` (read-only); tests needing it skip on a user's machine without it."""

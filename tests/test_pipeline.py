@@ -222,12 +222,21 @@ def test_the_default_leaves_torch_its_cores_and_gives_a_gpu_run_the_host(monkeyp
     from graphstore.loaders import pipeline
 
     monkeypatch.setattr(pipeline, "available_cores", lambda: 16)
+    monkeypatch.setattr(pipeline, "physical_cores", lambda: 16)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 12)
     assert default_loader_threads() == 4 and default_loader_threads("cuda") == 15
     monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
     assert default_loader_threads() == 0  # inline: a thread would compete with torch's
+    monkeypatch.setattr(pipeline, "physical_cores", lambda: 8)  # 16 hyperthreads of 8 cores: none free
+    assert default_loader_threads() == 0 and default_loader_threads("cuda") == 15
     monkeypatch.setattr(pipeline, "available_cores", lambda: 1)
     assert default_loader_threads("cuda") == 1
+
+
+def test_physical_cores_are_counted_from_the_processor_table():
+    from graphstore.loaders.pipeline import available_cores, physical_cores
+
+    assert 1 <= physical_cores() <= available_cores()
 
 
 class Rows:

@@ -3,6 +3,7 @@ On the CPU it hands batches on untouched; the CUDA tests run on the GPU machine'
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -69,7 +70,8 @@ def test_a_step_on_fed_batches_matches_a_step_on_plain_copies(store):
             out.append(float(loss))
         return out
 
-    assert losses(True) == losses(False)
+    # Equal up to the order of CUDA's float atomics (index_add_ is not deterministic there).
+    np.testing.assert_allclose(losses(True), losses(False), rtol=1e-5)
 
 
 @pytest.mark.cuda

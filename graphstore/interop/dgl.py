@@ -26,7 +26,7 @@ import torch
 
 from graphstore.errors import ConfigError
 from graphstore.interop.hops import HopOrder, check_hops, targets_first
-from graphstore.sample.base import Batch
+from graphstore.sample.base import Batch, lookup
 
 try:
     import dgl
@@ -102,7 +102,7 @@ def _blocks(order: HopOrder, node_ids: torch.Tensor, graph: Any, edge_types: tor
                           "add the self term in the model instead")
     store_ids = None
     if graph is not None:
-        store_ids = graph.node_ids.index_select(0, node_ids.index_select(0, order.node_order))
+        store_ids = lookup(graph.node_ids, node_ids.index_select(0, order.node_order))
     if edge_types is not None:
         edge_types = edge_types.index_select(0, order.edge_order)
     blocks = []

@@ -55,7 +55,7 @@ from graphstore.buffer.resident import ResidentGraph, build_structure_graph
 from graphstore.errors import ConfigError, ReadOnlyStoreError
 from graphstore.interop.hops import HopOrder, check_hops, targets_first
 from graphstore.layout.store import Store
-from graphstore.sample.base import Batch, CSCGraph, SampleGraph
+from graphstore.sample.base import Batch, CSCGraph, SampleGraph, lookup
 from graphstore.sample.dense import sample_dense
 
 try:
@@ -137,7 +137,7 @@ def _sampled_data(x: torch.Tensor, order: HopOrder, local_ids: torch.Tensor, gra
     data.num_sampled_edges = list(order.num_sampled_edges)
     data.batch_size = order.num_sampled_nodes[0]
     if graph is not None:
-        data.n_id = graph.node_ids.index_select(0, local_ids)
+        data.n_id = lookup(graph.node_ids, local_ids)
     if edge_types is not None:
         data.edge_type = edge_types.index_select(0, order.edge_order)
     return data
@@ -152,7 +152,7 @@ def _node_data(batch: Batch) -> Data:
     data = _sampled_data(batch.features.index_select(0, order.node_order), order, local_ids, graph, edge_types)
     if graph is not None and graph.labels is not None:
         # Every sampled node's label, as PyG's loaders give; the batch's own are the first T.
-        data.y = graph.labels.index_select(0, local_ids).long()
+        data.y = lookup(graph.labels, local_ids).long()
     elif batch.labels is not None:
         data.y = batch.labels
     return data
@@ -173,7 +173,7 @@ def _edge_data(batch: Any) -> Data:
         edge_types = graph.rel.index_select(0, batch.dense.edge_ids)
     data = _sampled_data(graph.features.index_select(0, local_ids), order, local_ids, graph, edge_types)
     if graph.labels is not None:  # as PyG's LinkLoader gives every node attribute
-        data.y = graph.labels.index_select(0, local_ids).long()
+        data.y = lookup(graph.labels, local_ids).long()
     # The DENSE's targets are batch.nodes in order, and targets come first: a position in
     # batch.nodes (what batch.index holds) is already a row of x.
     index = batch.index

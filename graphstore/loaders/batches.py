@@ -10,6 +10,7 @@ import torch
 from graphstore.buffer.resident import ResidentGraph
 from graphstore.nn.aggregate import AggregateSource
 from graphstore.sample import DENSE, Batch
+from graphstore.sample.base import lookup
 from graphstore.sample.microbatch import MicroBatch
 from graphstore.sample.negatives import NegativeSample
 
@@ -43,7 +44,7 @@ class NodeBatch(Batch):
     @property
     def store_ids(self) -> torch.Tensor:
         """int64 [N], store id of each ``dense.node_ids`` entry."""
-        return self.graph.node_ids[self.dense.node_ids]
+        return lookup(self.graph.node_ids, self.dense.node_ids)
 
     @property
     def edge_types(self) -> torch.Tensor | None:
@@ -51,13 +52,13 @@ class NodeBatch(Batch):
         without relations (RGCN's ``edge_type``)."""
         if self.graph.rel is None or self.dense.edge_ids is None:
             return None
-        return self.graph.rel[self.dense.edge_ids]
+        return lookup(self.graph.rel, self.dense.edge_ids)
 
     @property
     def degrees(self) -> torch.Tensor:
         """int64 [N], resident in-degree of each ``dense.node_ids`` entry (GCN's normalisation;
         the whole graph's in-degree under the minibatch scheme)."""
-        return self.graph.indptr.diff()[self.dense.node_ids]
+        return lookup(self.graph.indptr.diff(), self.dense.node_ids)
 
     def to_pyg(self):
         """This batch as the ``torch_geometric.data.Data`` PyG's sampled training expects

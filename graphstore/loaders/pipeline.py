@@ -68,20 +68,44 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def physical_cores() -> int:
+    """Physical cores among those this process may run on (``/proc/cpuinfo``'s distinct
+    ``(physical id, core id)``), else `available_cores`: torch's own pool is one thread a
+    physical core, so hyperthreads are not free cores."""
+    allowed = set()
+    try:
+        allowed = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        pass
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return available_cores()
+    cores = set()
+    for block in text.split("\n\n"):
+        fields = dict(line.split(":", 1) for line in block.splitlines() if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        if "processor" not in fields or (allowed and int(fields["processor"]) not in allowed):
+            continue
+        cores.add((fields.get("physical id", "0"), fields.get("core id", fields["processor"])))
+    return len(cores) or available_cores()
+
+
 def default_loader_threads(device: str | torch.device = "cpu") -> int:
     """Loader threads when none are given.
 
-    A model on the CPU: the cores torch's own threads leave free, none when it uses them
-    all (then the batches are made inline, in the consumer's thread). Measured on 2 cores
+    A model on the CPU: the physical cores torch's own threads leave free (`physical_cores`;
+    its pool takes one a core by default), none when it uses them all (then the batches
+    are made inline, in the consumer's thread). Measured on 2 cores
     with torch on 2 threads, one loader thread beside the model made epochs slower, not
     faster: Amazon Photo 0.035 -> 0.045 s an epoch (minibatch), 0.075 -> 0.094 (megabatch,
     2 of 8 partitions); a 1M-node graph 12.5 -> 12.7-13.7 s (docs/benchmarks.md, "The data
     path alone"). A model on a GPU leaves the host's cores to the loader: all but one (the
     training thread's), at least one."""
-    cores = available_cores()
     if torch.device(device).type == "cuda":
-        return max(1, cores - 1)
-    return max(0, cores - torch.get_num_threads())
+        return max(1, available_cores() - 1)
+    return max(0, physical_cores() - torch.get_num_threads())
 
 
 def check_loader_threads(threads: int | None) -> int:

@@ -309,6 +309,14 @@ class DENSE:
                      repr_map, self.fanouts, edge_ids)
 
 
+def lookup(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``table[ids]`` on ``ids``' device, wherever ``table`` lives: a batch copied to a GPU
+    (`graphstore.loaders.DeviceFeeder`) keeps its resident graph's tables on the host."""
+    if table.device == ids.device:
+        return table.index_select(0, ids)
+    return table.index_select(0, ids.to(table.device)).to(ids.device)
+
+
 @dataclass(frozen=True, slots=True)
 class Batch:
     """One training step's input: a `DENSE`, its input feature rows and the targets' labels.

@@ -261,7 +261,7 @@ def test_unknown_backend_is_refused():
         sample_dense(graph, torch.tensor([1]), (2,), backend="numba")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_native_refuses_a_cuda_graph_and_auto_uses_torch():
     graph = random_graph(100, 600, seed=0)
     graph = CSCGraph(graph.num_nodes, graph.indptr.cuda(), graph.indices.cuda())
