@@ -72,16 +72,18 @@ def test_balanced_labels_give_every_state_the_splits_label_mix(store, scheme):
     assert loader.settings.balance_labels is True
     labels = np.asarray(store.labels[loader.targets], dtype=np.int64)
     share = np.bincount(labels[labels >= 0], minlength=store.num_classes) / (labels >= 0).sum()
-    seen = {}
+    seen, graph = [], None  # per state, in order (a state's graph held while it trains: ids may be reused after)
     for batch in loader.epoch(0):
         w = batch.class_weights.numpy().astype(np.float64)
         y = batch.labels[batch.labels >= 0].numpy()
-        key = id(batch.graph)
-        counts, weights = seen.setdefault(key, (np.zeros(store.num_classes), w))
+        if batch.graph is not graph:
+            graph = batch.graph
+            seen.append((np.zeros(store.num_classes), w))
+        counts, weights = seen[-1]
         assert np.array_equal(weights, w)  # one set of weights per state
         counts += np.bincount(y, minlength=store.num_classes)
     assert len(seen) > 1
-    for counts, w in seen.values():
+    for counts, w in seen:
         present = counts > 0
         mix = counts * w / counts.sum()
         assert np.allclose(mix[present], share[present] / share[present].sum() * mix.sum(), atol=1e-6)

@@ -272,8 +272,12 @@ def _train_epochs(spec: dict, epoch_iter, step, extra_stats=None) -> list[dict]:
 
 
 def _loader_kwargs(spec: dict) -> dict:
+    # Inline batches (no loader threads), as the published runs made them: the children pin
+    # torch to its threads, which would leave the default a loader thread and move the
+    # budget's split; tools/bench_loader.py measures the threads.
     return {"fanouts": spec["fanouts"], "batch_size": spec["batch_size"], "scheme": spec["scheme"],
-            "seed": spec["seed"], "prefetch": True, "reuse": spec["reuse"], "static_cache": spec.get("static_cache")}
+            "seed": spec["seed"], "prefetch": True, "reuse": spec["reuse"], "static_cache": spec.get("static_cache"),
+            "loader_threads": spec.get("loader_threads", 0)}
 
 
 def build_train_loader(loader_cls, store, spec: dict, nodes) -> tuple[object, dict]:

@@ -102,8 +102,11 @@ def footprint(store: Store, states: Sequence[Sequence[int]], *, prefetch: bool =
 
 def capacity_for_budget(store: Store, budget_bytes: int, policy: str, *, prefetch: bool = True,
                         with_features: bool = True, embedding_dim: int = 0, static_cache: StaticCache | None = None,
-                        seed: int = 0, lookahead: bool = True, **options: Any) -> tuple[int, BufferFootprint]:
-    """The largest capacity c whose epoch-0 plan fits in ``budget_bytes``, and its footprint.
+                        seed: int = 0, lookahead: bool = True, reserved_bytes: int = 0,
+                        **options: Any) -> tuple[int, BufferFootprint]:
+    """The largest capacity c whose epoch-0 plan fits in ``budget_bytes`` less
+    ``reserved_bytes`` (held beside the buffer: the loader threads' batches), and its
+    footprint.
 
     With ``lookahead`` (the loaders' default) the plan includes what of epoch 1's first
     state is read during epoch 0's last (`lookahead_within`).
@@ -119,9 +122,9 @@ def capacity_for_budget(store: Store, budget_bytes: int, policy: str, *, prefetc
     A budget is met by a plan's footprint, e.g. ``capacity_for_budget(store, 2 << 30,
     "comet")`` on a store of 16 partitions might return ``(6, BufferFootprint(...))``.
     """
-    budget = int(budget_bytes)
-    if budget <= 0:
+    if int(budget_bytes) <= 0:
         raise ConfigError(f"buffer bytes must be positive (got {budget_bytes})")
+    budget = int(budget_bytes) - int(reserved_bytes)
     p = store.num_partitions
 
     def need(c: int) -> BufferFootprint | None:
@@ -141,7 +144,10 @@ def capacity_for_budget(store: Store, budget_bytes: int, policy: str, *, prefetc
         raise ConfigError(f"policy {policy!r} accepts no capacity for {p} partitions")
     c_min, f_min = smallest
     if f_min.total > budget:
-        raise ConfigError(f"buffer budget {budget:,} bytes is below the {f_min.total:,} bytes that policy "
+        given = (f"{int(budget_bytes):,} bytes" if not reserved_bytes else
+                 f"{int(budget_bytes):,} bytes ({budget:,} after {int(reserved_bytes):,} for the batches the "
+                 f"loader threads make ahead)")
+        raise ConfigError(f"buffer budget {given} is below the {f_min.total:,} bytes that policy "
                           f"{policy!r} needs at its smallest capacity {c_min} ({f_min.slots} slots of "
                           f"{store.partition_size} rows with prefetch={prefetch})")
     lo, hi, best = c_min, p, f_min  # footprints grow with c: binary search the largest that fits

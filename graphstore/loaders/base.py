@@ -100,12 +100,12 @@ class BufferedLoader:
         # they get a share of it, and the buffer the rest.
         self.queue_bytes = (buffer_bytes // QUEUE_SHARE if buffer_bytes is not None and self.loader_threads > 0
                             else None)
-        slot_budget = None if buffer_bytes is None else buffer_bytes - (self.queue_bytes or 0)
         if self.scheme_spec.whole_graph:
             c = p
         elif buffer_bytes is not None:
             c, self.footprint = capacity_for_budget(
-                store, slot_budget, self.policy, prefetch=prefetch, embedding_dim=embedding_dim,
+                store, buffer_bytes, self.policy, prefetch=prefetch, embedding_dim=embedding_dim,
+                reserved_bytes=self.queue_bytes or 0,
                 static_cache=self.cache, seed=seed, **self._plan_options())
         elif capacity is not None:
             c = int(capacity)
