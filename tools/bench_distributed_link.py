@@ -4,6 +4,7 @@ the ``disjoint`` rounds) for 1, 2 and 4 ranks, and the accuracy of 2 ranks again
 
     .venv/bin/python tools/bench_distributed_link.py --json docs/benchmarks/distributed_link.json
     .venv/bin/python tools/bench_distributed_link.py --accuracy --json docs/benchmarks/distributed_link_accuracy.json
+    .venv/bin/python tools/bench_distributed_link.py --steps --worlds 2,3,4 --json docs/benchmarks/distributed_link_steps.json
 
 The graph is WN18RR (40,943 entities, 86,835 training triples; ``../shared/data``), converted
 once into ``--work`` with 8 partitions (the config's recipe, default partitioner). The model is
@@ -31,6 +32,11 @@ running the trainer's own `Trainer` for one epoch (``mode: ddp``, the schema of
   gathered rows; owned: 0, nothing is exchanged); ``bytes_sent``: those rows' bytes (id and
   d floats, each sent to every other rank by the all-gather) plus DDP's gradient all-reduce
   (the dense parameters' bytes once per step, what each all-reduce carries in).
+
+``--steps``: no training, only the ``disjoint`` plan of epoch 0 for each N > 1 as the trainer
+counts it (`EdgeLoader.round_steps`: each round's busiest rank's batches), beside the batches
+divided evenly, its rounds, states and partition reads, and the same plan told the batch size
+(``plan_epoch(..., batch_size=)``, which the edge loader does not pass yet).
 
 ``--accuracy``: the documented WN18RR run (15 epochs, evaluation every 5, filtered MRR) with
 2 ranks, minibatch and disk, seed 0; the one-process figures are docs/benchmarks.md's
@@ -63,6 +69,7 @@ def parse_args(argv):
     p.add_argument("--worlds", default="1,2,4")
     p.add_argument("--schemes", default="minibatch,disk")
     p.add_argument("--accuracy", action="store_true", help="the 15-epoch accuracy runs instead of the cost cases")
+    p.add_argument("--steps", action="store_true", help="the disjoint plan's steps per N, no training")
     p.add_argument("--child", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -183,6 +190,44 @@ def run_case(store: Path, scheme: str, world: int, work: Path) -> dict:
             "bytes_sent": sum(r["bytes_sent"] for r in ranks)}
 
 
+def plan_steps(store_path: Path, worlds: list[int]) -> list[dict]:
+    """The ``disjoint`` plan of epoch 0 for each N in ``worlds`` with the documented setting's
+    batches (1000 positives a rank) and buffer (4 partitions), as the edge loader counts its
+    steps, and told the batch size."""
+    import numpy as np
+
+    import graphstore
+    from graphstore.buffer.policies import plan_epoch
+    from graphstore.loaders import EdgeLoader
+
+    batch_size, capacity, seed = 1000, 4, 0
+    out = []
+    with graphstore.open(store_path) as store:
+        p = store.num_partitions
+        sizes = np.diff(store.bucket_offsets).reshape(p, p).T
+        for world in worlds:
+            shares = [EdgeLoader(store, batch_size=batch_size, negatives=1, scheme="disk", policy="disjoint",
+                                 capacity=capacity, seed=seed, rank=r, world_size=world, prefetch=False)
+                      for r in range(world)]
+            table = np.array([[own for own, _ in s.round_steps(0)] for s in shares]).T  # [round, rank]
+            plan = shares[0].plan(0)
+            told = plan_epoch("disjoint", num_partitions=p, capacity=capacity, epoch=0, seed=seed,
+                              world_size=world, bucket_edges=sizes, batch_size=batch_size)
+            edges = np.bincount(np.asarray(told.bucket_states).ravel(), weights=sizes.ravel(), minlength=len(told.states))
+            told_table = np.zeros((told.options["num_rounds"], world), dtype=np.int64)
+            np.add.at(told_table, (np.asarray(told.state_rounds), np.asarray(told.state_ranks)),
+                      np.ceil(edges / batch_size).astype(np.int64))
+            for name, t, pl in (("loader", table, plan), ("told_batch_size", told_table, told)):
+                out.append({"world_size": world, "plan": name, "steps": int(t.max(axis=1).sum()),
+                            "batches": int(t.sum()), "even_split": float(t.sum() / world), "rounds": len(t),
+                            "states": len(pl.states), "groups": pl.options["num_groups"],
+                            "partition_reads": sum(len(st) for st in pl.states), "round_batches": t.tolist()})
+                r = out[-1]
+                print(f"N={world} {name}: {r['steps']} steps, even split {r['even_split']:.1f}, {r['rounds']} rounds, "
+                      f"{r['states']} states", flush=True)
+    return out
+
+
 def run_accuracy(store: Path, work: Path, schemes: list[str]) -> list[dict]:
     out = []
     for scheme in schemes:
@@ -212,7 +257,9 @@ def main(argv=None) -> int:
     result = {"tool": "tools/bench_distributed_link.py", "graph": {"name": "WN18RR", "store": str(store),
                                                                     "partitions": 8},
               "config": str(CONFIG.relative_to(REPO)), "cpus": os.cpu_count()}
-    if args.accuracy:
+    if args.steps:
+        result["steps"] = plan_steps(store, [int(w) for w in args.worlds.split(",") if int(w) > 1])
+    elif args.accuracy:
         result["one_process_reference"] = ("docs/benchmarks.md, Link prediction: minibatch mrr 0.4321 +- 0.0009, "
                                            "disk (COMET) 0.4319 +- 0.0019, seeds 0 and 1, last evaluation")
         result["runs"] = run_accuracy(store, args.work, schemes)
