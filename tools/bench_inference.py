@@ -11,20 +11,32 @@ Per (dataset, model, layers), the same randomly initialised model (seeded) runs:
   dropping the page cache, holding as many partitions as the cap allows;
 * **in memory**: a child without a cap, every partition resident (``capacity = p``): the
   same code with nothing to evict, the in-memory layer-wise baseline;
-* **the reference**: the in-memory full-graph forward of the model (`GNN.forward` over one
-  `LayerView` of every edge), in this process: ``max_abs_diff`` compares it with the
-  out-of-core outputs.
+* **full-graph forward**: the model's own forward over the whole graph, no layer-wise walk:
+  a child without a cap (the same conditions as the in-memory run: a fresh process after
+  dropping the page cache) loads every partition's features into one tensor and every
+  bucket's edges into one edge index (``load`` seconds), then runs `GNN.forward` once over
+  a `LayerView` of every edge (``forward`` seconds); its peak RSS is its ``VmHWM``. It is
+  the independent in-memory baseline and the reference: ``max_abs_diff`` compares the
+  out-of-core outputs with its outputs, ``max_abs_diff_in_memory`` the in-memory run's.
 
 The physical limit of a case is its bytes read over the disk's sequential bandwidth (``dd
 iflag=direct`` of a 1 GiB file in the same run): ``seconds / (bytes_read / dd_bytes_per_s)``
-is how far from it the run is. Default store: the out-of-core benchmark's cached 2.1M-node
-store (``tools/bench_outofcore.py --quick`` builds it).
+is how far from it the run is. Its own reads count re-reads and scratch traffic as the limit;
+``least_bytes`` is what any exact layer-wise run must move (the features once, the edges'
+int32 source and destination once per layer, each hidden layer's rows written and read once,
+float32), and ``vs_least_bytes_limit`` divides the time by those bytes' time at the dd rate.
+Each timed span is also given in CPU seconds (``time.process_time``, every thread), and each
+case records the load average at its start and end: on a shared machine wall times swing
+with what else runs.
+Default store: the out-of-core benchmark's cached 2.1M-node store
+(``tools/bench_outofcore.py --quick`` builds it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -51,6 +63,10 @@ def parse_args(argv):
     p.add_argument("--models", default="sage,gcn,gat")
     p.add_argument("--layers", default="2,3")
     p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--quick-nodes", type=int, default=100_000, help="nodes of --quick's generated graph")
+    p.add_argument("--dd-mib", type=int, default=1024, help="size of the dd file that measures the disk")
+    p.add_argument("--no-drop-caches", action="store_true",
+                   help="leave the page cache (reads are then not cold; for tests)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -60,6 +76,9 @@ def parse_args(argv):
 
 def child(spec: dict) -> None:
     """One inference run: load the model, infer every node, write the outputs and the stats."""
+    if spec.get("mode") == "full_graph":
+        full_graph_child(spec)
+        return
     import numpy as np
 
     import graphstore
@@ -68,15 +87,16 @@ def child(spec: dict) -> None:
     with graphstore.open(spec["store"]) as store:
         model, _ = load_model(spec["model"])
         stats = InferenceStats()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         io_before = benchkit.proc_io()
         out = infer_layerwise(model, store, capacity=spec["capacity"], buffer_bytes=spec["buffer_bytes"],
                               stats=stats, work_dir=spec["scratch"])
         io_after = benchkit.proc_io()
-        seconds = time.perf_counter() - start
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         np.save(spec["out"], out)
     Path(spec["stats"]).write_text(json.dumps({
-        "infer_seconds": seconds, "bytes_read": stats.bytes_read, "planned_bytes": stats.planned_bytes,
+        "infer_seconds": seconds, "infer_cpu_seconds": cpu_seconds, "bytes_read": stats.bytes_read,
+        "planned_bytes": stats.planned_bytes,
         "spill_bytes": stats.spill_bytes, "bytes_written": stats.bytes_written,
         "max_resident_partitions": stats.max_resident_partitions, "per_layer_seconds": stats.per_layer_seconds,
         "capacities": stats.capacities,
@@ -112,8 +132,10 @@ def synthetic(workdir: Path, num_nodes: int) -> Path:
     return out
 
 
-def reference(model, store):
-    """The model's in-memory full-graph forward (every node an output, all its in-edges)."""
+def load_full_graph(store):
+    """The whole graph in memory as torch tensors: features float32 [n, f] (store order), a
+    `LayerView` of every edge (every node an output, all its in-edges, by destination
+    partition) and the in-degrees int64 [n]."""
     import numpy as np
     import torch
 
@@ -123,11 +145,47 @@ def reference(model, store):
     parts = [store.read_bucket(i, j) for j in range(p) for i in range(p)]
     src = torch.from_numpy(np.concatenate([b[0] for b in parts]).astype(np.int64))
     dst = torch.from_numpy(np.concatenate([b[1] for b in parts]).astype(np.int64))
+    del parts
     view = LayerView(n, n, slice(0, n), src, torch.bincount(dst, minlength=n), dst)  # bucket order: dst-sorted
-    x = torch.from_numpy(np.concatenate([store.read_features(k) for k in range(p)]).astype(np.float32))
+    x = torch.from_numpy(np.concatenate([store.read_features(k) for k in range(p)]).astype(np.float32, copy=False))
     degrees = torch.from_numpy(store.read_degree("in").astype(np.int64))
-    with torch.no_grad():
-        return model.eval()(x, [view] * model.num_layers, degrees=degrees if model.kind == "gcn" else None).numpy()
+    return x, view, degrees
+
+
+def full_graph_child(spec: dict) -> None:
+    """The independent baseline, timed: load the whole graph into tensors, then one forward of
+    the model over it; writes the outputs and ``load_seconds``, ``forward_seconds``, the
+    bytes it read from the disk and its peak RSS."""
+    import numpy as np
+    import torch
+
+    import graphstore
+    from graphstore.inference import load_model
+
+    with graphstore.open(spec["store"]) as store:
+        model, _ = load_model(spec["model"])
+        io_before = benchkit.proc_io()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        x, view, degrees = load_full_graph(store)
+        loaded, cpu_loaded = time.perf_counter(), time.process_time()
+        with torch.no_grad():
+            out = model.eval()(x, [view] * model.num_layers, degrees=degrees if model.kind == "gcn" else None)
+        done, cpu_done = time.perf_counter(), time.process_time()
+        io_after = benchkit.proc_io()
+        np.save(spec["out"], out.numpy())
+    Path(spec["stats"]).write_text(json.dumps({
+        "load_seconds": loaded - start, "forward_seconds": done - loaded,
+        "load_cpu_seconds": cpu_loaded - cpu_start, "forward_cpu_seconds": cpu_done - cpu_loaded,
+        "input_bytes": x.nbytes + view.nbr_index.nbytes + view.segment.nbytes + view.nbr_counts.nbytes,
+        "disk_bytes_read": io_after["read_bytes"] - io_before["read_bytes"],
+        "vm_hwm_bytes": benchkit.vm_hwm_bytes()}))
+
+
+def least_bytes(store, layers: int, hidden: int) -> int:
+    """What any exact layer-wise run must move: the features once, each edge's int32 source and
+    destination once per layer, and each hidden layer's float32 rows written and read once."""
+    feature_bytes = store.num_nodes * store.feature_dim * 4
+    return feature_bytes + layers * store.num_edges * 8 + (layers - 1) * 2 * store.num_nodes * hidden * 4
 
 
 # ---------------------------------------------------------------------- one case
@@ -154,22 +212,29 @@ def run_case(store_path: Path, kind: str, layers: int, args, cap_bytes: int | No
                     num_layers=layers, heads=2)
         save_model(model, work / "model.pt")
         p = store.num_partitions
+        least = least_bytes(store, layers, args.hidden)
     runs = {}
-    # Capped: the budget picks each layer's capacity; in memory: every partition resident.
-    for name, cap, c, budget in (("capped", cap_bytes, None, budget_for(cap_bytes)), ("memory", None, p, None)):
+    load_average = os.getloadavg()  # a shared machine: how busy it was, beside the times
+    # Capped: the budget picks each layer's capacity; in memory: every partition resident;
+    # full graph: the model's own forward, no walk (its outputs are the reference).
+    for name, cap, c, budget in (("capped", cap_bytes, None, budget_for(cap_bytes)), ("memory", None, p, None),
+                                 ("full_graph", None, None, None)):
         if name == "capped" and cap is None:
             c, budget = 2, None  # Cora: two partitions at a time, the most swapping
         spec = {"store": str(store_path), "model": str(work / "model.pt"), "capacity": c, "buffer_bytes": budget,
-                "out": str(work / f"{name}.npy"), "stats": str(work / f"{name}.json"), "scratch": str(work / "scratch")}
-        measured = benchkit.run_child(__file__, spec, cap_bytes=cap, name="bench_inference")
+                "out": str(work / f"{name}.npy"), "stats": str(work / f"{name}.json"), "scratch": str(work / "scratch"),
+                "mode": "full_graph" if name == "full_graph" else "layerwise"}
+        measured = benchkit.run_child(__file__, spec, cap_bytes=cap, name="bench_inference",
+                                      drop_cache=not args.no_drop_caches)
         if measured["returncode"] != 0:
             raise RuntimeError(f"{kind} x{layers} {name} run failed: {measured['stderr'][-800:]}")
         runs[name] = {**json.loads(Path(spec["stats"]).read_text()), **measured}
-    with graphstore.open(store_path) as store:
-        want = reference(model, store)
+    want = np.load(work / "full_graph.npy")
     got = np.load(work / "capped.npy")
-    capped = runs["capped"]
+    capped, full = runs["capped"], runs["full_graph"]
     limit = capped["bytes_read"] / dd_bytes_per_s  # the inference's own time below, not the process's
+    least_limit = least / dd_bytes_per_s
+    full_seconds = full["load_seconds"] + full["forward_seconds"]
     return {"dataset": store_path.stem, "model": kind, "layers": layers, "capacities": capped["capacities"],
             "buffer_bytes": budget_for(cap_bytes), "disk_bytes_read": capped["disk_bytes_read"],
             "num_partitions": p, "max_abs_diff": float(np.abs(got - want).max()),
@@ -186,7 +251,25 @@ def run_case(store_path: Path, kind: str, layers: int, args, cap_bytes: int | No
             # the out-of-core run cannot go under on this machine.
             "bytes_read_in_memory": runs["memory"]["bytes_read"],
             "in_memory_vs_physical_limit": runs["memory"]["infer_seconds"] / (runs["memory"]["bytes_read"] / dd_bytes_per_s),
-            "per_layer_seconds": capped["per_layer_seconds"], "max_resident_partitions": capped["max_resident_partitions"]}
+            "per_layer_seconds": capped["per_layer_seconds"], "max_resident_partitions": capped["max_resident_partitions"],
+            # The independent baseline: the model's own forward over the whole graph in memory.
+            "max_abs_diff_in_memory": float(np.abs(np.load(work / "memory.npy") - want).max()),
+            "full_graph_load_seconds": full["load_seconds"], "full_graph_forward_seconds": full["forward_seconds"],
+            # CPU seconds (every thread) of the same spans: less sensitive than wall time to
+            # other processes on the machine; ``load_average`` at the start and end of the case.
+            "cpu_seconds": capped["infer_cpu_seconds"], "cpu_seconds_in_memory": runs["memory"]["infer_cpu_seconds"],
+            "full_graph_load_cpu_seconds": full["load_cpu_seconds"],
+            "full_graph_forward_cpu_seconds": full["forward_cpu_seconds"],
+            "load_average": list(load_average), "load_average_end": list(os.getloadavg()),
+            "full_graph_process_seconds": full["seconds"], "full_graph_peak_rss_bytes": full["vm_hwm_bytes"],
+            "full_graph_input_bytes": full["input_bytes"], "full_graph_disk_bytes_read": full["disk_bytes_read"],
+            "vs_full_graph_forward": capped["infer_seconds"] / full["forward_seconds"],
+            "vs_full_graph_load_and_forward": capped["infer_seconds"] / full_seconds,
+            "in_memory_vs_full_graph_load_and_forward": runs["memory"]["infer_seconds"] / full_seconds,
+            "least_bytes": least, "least_bytes_limit_s": least_limit,
+            "vs_least_bytes_limit": capped["infer_seconds"] / least_limit,
+            "in_memory_vs_least_bytes_limit": runs["memory"]["infer_seconds"] / least_limit,
+            "full_graph_vs_least_bytes_limit": full_seconds / least_limit}
 
 
 def goals(cases: list[dict]) -> dict:
@@ -215,11 +298,12 @@ def main(argv=None) -> int:
         raise SystemExit("bench_inference.py: --json OUT is required")
     benchkit.require_root(argparse.ArgumentParser())
     args.workdir.mkdir(parents=True, exist_ok=True)
-    large = synthetic(args.workdir, 100_000) if args.quick else (args.store or DEFAULT_STORE)
+    large = synthetic(args.workdir, args.quick_nodes) if args.quick else (args.store or DEFAULT_STORE)
     if not Path(large).exists():
         raise SystemExit(f"bench_inference.py: {large}: no store (tools/bench_outofcore.py --quick builds it, "
                          "or pass --store)")
-    dd = benchkit.dd_read(benchkit.ensure_dd_file(args.workdir / "dd.bin", 1 << 30))
+    dd_file = benchkit.ensure_dd_file(args.workdir / "dd.bin", args.dd_mib << 20)
+    dd = benchkit.dd_read(dd_file, drop_cache=not args.no_drop_caches)
     feature_bytes = Path(large).joinpath("nodes", "features")
     cap = (args.cap_mib << 20) if args.cap_mib else max(512 << 20, benchkit.du(feature_bytes) // 3)
     cases = []
@@ -230,7 +314,10 @@ def main(argv=None) -> int:
                 c = cases[-1]
                 print(f"{c['dataset']} {kind} x{layers}: diff {c['max_abs_diff']:.1e}, {c['seconds']:.1f} s "
                       f"({c['vs_physical_limit']:.1f}x the disk, {c['vs_in_memory']:.2f}x in memory), "
-                      f"read {c['bytes_read'] / 2**30:.2f} GiB, peak {c['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
+                      f"read {c['bytes_read'] / 2**30:.2f} GiB, peak {c['peak_rss_bytes'] / 2**20:.0f} MiB; "
+                      f"full-graph forward {c['full_graph_forward_seconds']:.1f} s (load "
+                      f"{c['full_graph_load_seconds']:.1f} s, peak {c['full_graph_peak_rss_bytes'] / 2**20:.0f} MiB)",
+                      flush=True)
     result = {"cases": cases, "dd_bytes_per_s": dd["bytes_per_s"], "goals": goals(cases),
               "command": benchkit.command_line(__file__, argv),
               "machine": benchkit.machine_record("cpu", "cores", "mem_total_bytes", "python", "torch")}
