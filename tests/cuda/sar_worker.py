@@ -30,7 +30,9 @@ from graphstore.distributed import (
     reference_forward,
 )
 from graphstore.layout.store import open_store
-from graphstore.nn import LayerView
+# The single-process reference's whole graph, as the CPU exactness check reads it (the
+# repository is on the worker's PYTHONPATH).
+from tests.distributed.exactness_worker import whole_graph
 
 # (name, GNN kind, batch norm, extra GNN arguments)
 MODELS = [
@@ -43,20 +45,6 @@ MODELS = [
     ("rgcn", "rgcn", False, {"num_bases": 2}),
     ("rgcn-nobases", "rgcn", False, {"num_bases": None}),
 ]
-
-
-def whole_graph(store):
-    """The whole graph on the CPU, as the single-process reference reads it."""
-    p, n = store.num_partitions, store.num_nodes
-    parts = [store.read_bucket(i, j) for j in range(p) for i in range(p)]
-    src = torch.from_numpy(np.concatenate([b[0] for b in parts]).astype(np.int64))
-    dst = torch.from_numpy(np.concatenate([b[1] for b in parts]).astype(np.int64))
-    rel = torch.from_numpy(np.concatenate([b[2] for b in parts]).astype(np.int64)) if parts[0][2] is not None else None
-    view = LayerView(n, n, slice(0, n), src, torch.bincount(dst, minlength=n), dst)  # buckets are dst-sorted
-    x = torch.from_numpy(np.concatenate([store.read_features(k) for k in range(p)])).double()
-    y = torch.from_numpy(np.concatenate([store.read_labels(k) for k in range(p)]).astype(np.int64))
-    starts = [store.partition_range(k)[0] for k in range(p)] + [n]
-    return view, rel, x, y, starts
 
 
 @fail_fast
