@@ -364,6 +364,13 @@ class NodeLoader(BufferedLoader):
         options = dict(self.options, train_partitions=self.train_partitions)
         if self.policy == "hierbatching":
             options["reuse"] = self.reuse
+        if self.policy == "dispersed" and "training_states" not in options:
+            # About one state per batch of the split: a small split over many partitions
+            # then trains in a few full states instead of many part-filled ones
+            # (`plan_dispersed`); a large one keeps MariusGNN's one swap per state. Each rank
+            # of a data-parallel run needs a state of its own.
+            world = 1 if self.shard is None else self.shard.world_size
+            options["training_states"] = max(world, -(-self.targets.size // self.batch_size), 2)
         return options
 
     def stages(self) -> list[Stage]:

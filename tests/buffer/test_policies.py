@@ -190,6 +190,39 @@ def test_dispersed_reads_each_partition_once_with_one_swap_per_state(pc, seed, e
     assert got == holding
 
 
+@FAST
+@given(pc=sizes, seed=st.integers(0, 2**32), wanted=st.integers(1, 50), data=st.data())
+def test_dispersed_with_few_training_states_still_reads_each_partition_once(pc, seed, wanted, data):
+    p, c = pc
+    train = data.draw(st.lists(st.integers(0, p - 1), min_size=1, max_size=p), label="train")
+    plan = plan_and_check("dispersed", p, c, 1, seed, train_partitions=train, training_states=wanted)
+    c = min(c, p)
+    check_read_once(plan)
+    every = plan_and_check("dispersed", p, c, 1, seed, train_partitions=train)
+    # k swaps a state: about `wanted` states, never more than one swap a state makes.
+    k = plan.options["swap"]
+    assert 1 <= k <= max(1, c)
+    assert len(plan.states) <= (math.ceil((p - c) / k) + 1 if p > c else 1)
+    assert len(plan.states) <= len(every.states)
+    if wanted >= p - c + 1:
+        assert plan.states == every.states, "a split that fills every state keeps MariusGNN's walk"
+    if set(train) == set(range(p)):  # no state dropped: each later state admits k at most
+        assert len(plan.states) == (math.ceil((p - c) / k) + 1 if p > c else 1)
+        assert all(len(set(state) - set(before)) <= k for before, state in zip(plan.states, plan.states[1:]))
+
+
+def test_dispersed_at_cora_shape_trains_in_four_full_states():
+    """140 training nodes over 32 partitions, 8 resident, batches of 47: about three batches
+    a pass, so four states of c partitions (every partition read once) instead of 25."""
+    parts = np.repeat(np.arange(32), 5)[:140]
+    few = plan_epoch("dispersed", num_partitions=32, capacity=8, seed=0, training_states=3)
+    many = plan_epoch("dispersed", num_partitions=32, capacity=8, seed=0)
+    assert (len(few.states), len(many.states)) == (4, 25)
+    assert few.num_swaps == many.num_swaps == 24
+    sizes = [nodes.size for nodes in few.target_states(parts)]
+    assert sum(sizes) == 140 and min(sizes) >= 20
+
+
 def test_in_memory_is_one_state_with_everything():
     plan = plan_and_check("in_memory", 5, 5, 0, 0)
     assert plan.states == [(0, 1, 2, 3, 4)] and plan.task == "both"
