@@ -96,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--hub-fraction", type=float, default=0.01, metavar="F",
                    help="fraction of nodes (highest degree) whose features and a contiguous copy of their "
                         "edges form the hub group, HierBatching's static cache (default 0.01; 0: none)")
+    c.add_argument("--feature-dtype", choices=["float16", "bfloat16", "float32"],
+                   help="store the features in this dtype, cast chunk by chunk (default: the source's; float16 "
+                        "sources stay float16, the rest float32). bfloat16 is stored as uint16 bit patterns; a value "
+                        "beyond float16's range (|x| > 65504) is an error")
     c.add_argument("--json", action="store_true", help="print the resulting summary as JSON")
 
     i = sub.add_parser("info", help="summarise a store")
@@ -220,6 +224,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         keep_self_loops=args.keep_self_loops, keep_duplicates=args.keep_duplicates,
         compress=args.compress, chunk_edges=args.chunk_edges, reader_options=reader_options,
         hub_fraction=args.hub_fraction, partition_memory_bytes=args.partition_memory_bytes,
+        feature_dtype=args.feature_dtype,
     )
     start = time.perf_counter()
     m = convert(args.source, args.out, options)

@@ -160,9 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_ranks_agree(args.to_dict(), store)  # before any rank loads its block
     t0 = time.perf_counter()
     graph = load_rank_graph(store, rank, world, device=device)
-    data = load_block_data(store, graph, dtype=dtype)
-    x = normalize_rows(data.features) if args.normalize_features == "row" else data.features
-    x = x.to(device)
+    data = load_block_data(store, graph, dtype=None)  # as stored: half rows copy half the bytes
+    x = data.features.to(device).to(dtype)  # widened on the device, after the copy
+    x = normalize_rows(x) if args.normalize_features == "row" else x
     train = data.splits["train"]
     train = train[data.labels[train] >= 0].to(device)
     labels = data.labels.to(device)

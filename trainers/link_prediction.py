@@ -119,6 +119,7 @@ from graphstore.distributed.agreement import check_ranks_agree
 from graphstore.distributed.data_parallel import dropout_salt, step_targets
 from graphstore.errors import ConfigError
 from graphstore.inference import infer_layerwise, min_buffer_bytes
+from graphstore.layout.dtypes import decode
 from graphstore.layout.embeddings import EMBEDDINGS_ARRAY, EmbeddingTable
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import EdgeBatch, EdgeLoader, EdgeLoaderSettings
@@ -648,7 +649,7 @@ class Trainer:
         if self.use_embeddings:
             x = torch.from_numpy(self.table.read_all()[:, 0])
         else:
-            x = torch.from_numpy(np.asarray(self.store.features[...], dtype=np.float32))
+            x = torch.from_numpy(decode(self.store.features[...], self.store.manifest.feature_dtype))  # bfloat16: its bits
         if self.model.encoder is None:
             return x.to(self.device)
         blocks, rel = self._full_blocks()

@@ -105,6 +105,7 @@ from graphstore.distributed.data_parallel import (
 from graphstore.distributed.feature_fetch import PLACEMENTS, PartitionedFetch
 from graphstore.errors import ConfigError
 from graphstore.inference import AGGREGATE_INPUTS, InferenceStats, infer_layerwise, min_buffer_bytes
+from graphstore.layout.dtypes import storage_dtype
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import NodeLoader, NodeLoaderSettings
 from graphstore.loaders.transfer import DeviceFeeder
@@ -416,9 +417,12 @@ def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificat
                      loader_threads=common.loader_threads(args))
     micro_kw = {}
     if args.micro_batching:
-        micro_kw = dict(micro_batches=args.micro_batches, micro_batch_budget=args.micro_batch_budget,
+        budget = args.micro_batch_budget
+        if budget is not None and "micro_batch_budget" in config.derived:
+            budget += common.model_state_bytes(model)  # the budget's share is for the batch alone
+        micro_kw = dict(micro_batches=args.micro_batches, micro_batch_budget=budget,
                         micro_strategy=args.micro_strategy,
-                        step_estimator=step_estimator(model) if args.micro_batch_budget is not None else None)
+                        step_estimator=step_estimator(model) if budget is not None else None)
     fanouts, eval_fanouts = args.fanouts, config.eval_fanouts
     if args.scheme == "macrobatch":
         micro_kw.update(macro_batches=args.macro_batches, macro_batch_bytes=args.macro_batch_bytes,
@@ -569,7 +573,7 @@ def exact_eval_budget(model, store, capacity: int, args: NodeClassificationOptio
         # macrobatch holds no feature rows (they stay in the store): a quarter of them, as
         # infer_layerwise's own default, not the whole graph its structure covers.
         capacity = max(2, math.ceil(store.num_partitions / 4))
-    rows = capacity * store.partition_size * store.feature_dim * np.dtype(store.manifest.feature_dtype).itemsize
+    rows = capacity * store.partition_size * store.feature_dim * storage_dtype(store.manifest.feature_dtype).itemsize
     cap = args.buffer_bytes if args.buffer_bytes is not None else memory_budget().bytes
     least = min_buffer_bytes(model, store)
     budget = max(min(rows, cap), least)
@@ -632,14 +636,21 @@ def resolve_defaults(args: NodeClassificationOptions, store,
         else:
             # Rows as the cache holds them: the features', or [x_v | agg_v] in float32.
             width = store.feature_dim * (2 if args.aggregation_cache else 1)
-            itemsize = 4 if args.aggregation_cache else np.dtype(store.manifest.feature_dtype).itemsize
+            itemsize = 4 if args.aggregation_cache else storage_dtype(store.manifest.feature_dtype).itemsize
             changes["feature_cache_bytes"], rule = common.least_over_ranks(
                 *default_cache_bytes(store.num_nodes, itemsize * width))
         derived["feature_cache_bytes"] = rule
-    buffer, rule = common.default_buffer(args, whole_graph=SCHEME_REGISTRY.get(args.scheme).whole_graph, saved=saved)
+    whole_graph = SCHEME_REGISTRY.get(args.scheme).whole_graph
+    buffer, rule = common.default_buffer(args, whole_graph=whole_graph, saved=saved)
     if rule is not None:
         changes.update(buffer)
         derived["buffer_bytes"] = rule
+    # The batch in training counts in the budget too: a share of it, the buffer the rest.
+    step, step_rule = common.training_step_share(args, buffer_bytes=changes.get("buffer_bytes", args.buffer_bytes),
+                                                 whole_graph=whole_graph, buffer_rule=rule, saved=saved)
+    if step_rule is not None:
+        changes.update(step)
+        derived["micro_batch_budget"] = step_rule
     return dataclasses.replace(args, **changes), derived
 
 

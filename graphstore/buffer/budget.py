@@ -34,6 +34,7 @@ from graphstore.buffer.cache import StaticCache
 from graphstore.buffer.policies import plan_epoch
 from graphstore.buffer.slots import lookahead_within, slots_needed
 from graphstore.errors import ConfigError
+from graphstore.layout.dtypes import storage_dtype
 from graphstore.layout.store import Store
 
 __all__ = ["BufferFootprint", "capacity_for_budget", "footprint"]
@@ -62,7 +63,7 @@ def footprint(store: Store, states: Sequence[Sequence[int]], *, prefetch: bool =
     m, P, p = store.manifest, store.partition_size, store.num_partitions
     row = 4 * m.has_labels + 8 * embedding_dim
     if with_features and m.has_features:
-        row += m.feature_dim * np.dtype(m.feature_dtype).itemsize
+        row += m.feature_dim * storage_dtype(m.feature_dtype).itemsize
     lookahead = lookahead if prefetch and lookahead and states else None
     slots = slots_needed(list(states) + ([lookahead] if lookahead else []), prefetch=prefetch)
     cache_nodes = 0 if static_cache is None else static_cache.num_nodes

@@ -52,10 +52,11 @@ import torch
 
 from graphstore.buffer.cache import StaticCache
 from graphstore.buffer.resident import Bucket, ResidentGraph, assemble_resident_graph, fill_cache_rows
-from graphstore.buffer.slots import BufferMemory, SlotPlan, assign_slots, slots_needed
+from graphstore.buffer.slots import BufferMemory, SlotPlan, assign_slots, host_array, slots_needed
 from graphstore.errors import BufferClosedError, ConfigError, StoreWriteError
 from graphstore.layout import ReadStats
 from graphstore.layout.embeddings import EmbeddingTable
+from graphstore.layout.dtypes import storage_dtype
 from graphstore.layout.store import Store
 
 __all__ = ["BufferClosedError", "BufferManager", "BufferStats", "LoadedState", "planned_read_bytes"]
@@ -222,7 +223,7 @@ def _row_bytes(store: Store, *, with_features: bool, embedding_dim: int) -> int:
     m = store.manifest
     row = 8 * embedding_dim  # float32 value + optimizer state
     if with_features and m.has_features:
-        row += m.feature_dim * np.dtype(m.feature_dtype).itemsize
+        row += m.feature_dim * storage_dtype(m.feature_dtype).itemsize
     if m.has_labels:
         row += 4
     return row
@@ -416,7 +417,7 @@ class _Loader:
             rows = memory.slot_rows(run[0][1], stop - start)
             for name, tensor in (("nodes/features", memory.features), ("nodes/labels", memory.labels)):
                 if tensor is not None:
-                    requests.append((name, start, stop, tensor[rows].numpy()))
+                    requests.append((name, start, stop, host_array(tensor[rows])))
         return requests
 
     def _read_embeddings(self, pairs: Sequence[tuple[int, int]]) -> None:

@@ -25,7 +25,7 @@ import torch
 from graphstore.buffer import _native as native
 from graphstore.buffer._native import EdgePart
 from graphstore.buffer.cache import StaticCache
-from graphstore.buffer.slots import BufferMemory
+from graphstore.buffer.slots import BufferMemory, host_array, rows_as_tensor
 from graphstore.errors import ConfigError
 from graphstore.layout.store import Store
 
@@ -163,7 +163,7 @@ def fill_cache_rows(memory: BufferMemory, cache: StaticCache, store: Store) -> i
     if memory.cache_rows != cache.num_nodes:
         raise ConfigError(f"the buffer has {memory.cache_rows} cache rows for a cache of {cache.num_nodes} nodes")
     rows = slice(memory.cache_start, memory.cache_start + cache.num_nodes)
-    requests = [(f"hubs/{name}", 0, cache.num_nodes, tensor[rows].numpy())
+    requests = [(f"hubs/{name}", 0, cache.num_nodes, host_array(tensor[rows]))
                 for name, tensor in (("features", memory.features), ("labels", memory.labels))
                 if tensor is not None]
     return sum(a.nbytes for a in store.read_many(requests)) if cache.num_nodes else 0
@@ -240,7 +240,7 @@ def build_resident_graph(store: Store, partitions: Sequence[int], *, with_featur
         start, stop = store.partition_range(k)
         rows = memory.slot_rows(z, stop - start)
         if memory.features is not None:
-            memory.features[rows] = torch.from_numpy(store.read_features(k))
+            memory.features[rows] = rows_as_tensor(store.read_features(k), store.manifest.feature_dtype)
         if memory.labels is not None:
             memory.labels[rows] = torch.from_numpy(store.read_labels(k))
     hub_edges = {}

@@ -35,9 +35,31 @@ import torch
 
 from graphstore.errors import ConfigError
 from graphstore.layout import aligned_empty
+from graphstore.layout.dtypes import storage_dtype
 from graphstore.layout.store import Store
 
-__all__ = ["BufferMemory", "SlotPlan", "assign_slots", "lookahead_within", "slots_needed"]
+__all__ = ["BufferMemory", "SlotPlan", "assign_slots", "feature_tensor_dtype", "host_array", "lookahead_within",
+           "rows_as_tensor", "slots_needed"]
+
+
+def feature_tensor_dtype(name: str | None) -> torch.dtype:
+    """The torch dtype of feature rows as a store holds them (its manifest's
+    ``feature_dtype``; `graphstore.layout.dtypes`): bfloat16's stored uint16 bits are
+    ``torch.bfloat16`` values."""
+    return torch.bfloat16 if name == "bfloat16" else getattr(torch, storage_dtype(name).name)
+
+
+def rows_as_tensor(rows: np.ndarray, name: str | None) -> torch.Tensor:
+    """Stored feature rows as a tensor of `feature_tensor_dtype`, sharing their memory (no
+    cast: rows travel in the stored dtype; the model widens them where it computes)."""
+    t = torch.from_numpy(np.asarray(rows))
+    return t.view(torch.bfloat16) if name == "bfloat16" else t
+
+
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A host tensor's numpy view, for reads straight into it: a bfloat16 tensor (which
+    numpy cannot hold) as its uint16 bits, the dtype the store's chunks have."""
+    return (t.view(torch.uint16) if t.dtype == torch.bfloat16 else t).numpy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,15 +229,14 @@ class BufferMemory:
             if pin:
                 return torch.zeros(shape, dtype=dtype, pin_memory=True)  # page-aligned
             # 4096-aligned, so whole chunks are read with O_DIRECT straight into the slots.
-            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+            np_dtype = host_array(torch.empty(0, dtype=dtype)).dtype
             array = aligned_empty(shape, np_dtype)
             array.fill(0)
-            return torch.from_numpy(array)
+            return torch.from_numpy(array).view(dtype)
 
         features = labels = embeddings = None
         if with_features and m.has_features:
-            dtype = torch.from_numpy(np.zeros(0, m.feature_dtype)).dtype
-            features = empty((rows, m.feature_dim), dtype)
+            features = empty((rows, m.feature_dim), feature_tensor_dtype(m.feature_dtype))
         if m.has_labels:
             labels = empty((rows,), torch.int32)
         if embedding_dim:

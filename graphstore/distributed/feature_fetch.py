@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from graphstore.distributed.rank_graph import rank_partitions
 from graphstore.errors import ConfigError
+from graphstore.layout.dtypes import decode
 from graphstore.layout.store import Store
 
 __all__ = ["PLACEMENTS", "PartitionedFetch"]
@@ -81,7 +82,9 @@ class PartitionedFetch:
         blocks = rank_partitions(store.num_partitions, self.world_size)
         self.bounds = np.array([min(a * size, n) for a, _ in blocks] + [n], dtype=np.int64)
         self.lo, self.hi = int(self.bounds[self.rank]), int(self.bounds[self.rank + 1])
-        parts = [store.read_rows(name, self.lo, self.hi) for name in self.arrays]
+        # float32 numbers (bfloat16's stored bits decoded, not converted as integers).
+        parts = [decode(store.read_rows(name, self.lo, self.hi), store.manifest.feature_dtype if name == "nodes/features"
+                        else "float32") for name in self.arrays]
         rows = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         self.rows = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
         """[hi - lo, dim]: the owned rows, the only feature rows this rank holds."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from graphstore.buffer.slots import feature_tensor_dtype, host_array, rows_as_tensor
 from graphstore.distributed.comm import exchange_index_lists
 from graphstore.errors import ConfigError
 from graphstore.nn import LayerView
@@ -179,19 +180,21 @@ class BlockData:
     """A block's node rows: features, labels and split membership."""
 
     features: torch.Tensor
-    """float [n, D] in the dtype asked for."""
+    """float [n, D] in the dtype asked for (None asked: as stored, float16 or bfloat16 rows
+    staying half, to be widened on the device after the copy)."""
     labels: torch.Tensor
     """int64 [n]; -1 = unlabeled."""
     splits: dict[str, torch.Tensor]
     """split name -> int64 local rows of the block in that split (ascending)."""
 
 
-def load_block_data(store, graph: RankGraph, *, dtype: torch.dtype = torch.float32,
+def load_block_data(store, graph: RankGraph, *, dtype: torch.dtype | None = torch.float32,
                     splits: tuple[str, ...] = ("train", "valid", "test")) -> BlockData:
     """Features, labels and node splits of ``graph``'s block (one verified read each).
 
     The features go into one tensor allocated once, a partition at a time: the peak is the
-    block's features plus at most one partition's (when the store's dtype is not ``dtype``)."""
+    block's features plus at most one partition's (when the store's dtype is not ``dtype``).
+    ``dtype=None`` keeps the stored dtype."""
     k0, k1 = graph.first_partition, graph.first_partition + len(graph.partition_starts) - 1
     lo, hi = graph.node_range
     x = _read_block_features(store, range(k0, k1), lo, hi, dtype)
@@ -204,16 +207,19 @@ def load_block_data(store, graph: RankGraph, *, dtype: torch.dtype = torch.float
     return BlockData(x, y, rows)
 
 
-def _read_block_features(store, partitions: range, lo: int, hi: int, dtype: torch.dtype) -> torch.Tensor:
-    """float [hi - lo, D] of ``dtype``: each partition read straight into its rows when the
-    store holds ``dtype``, else read and converted into them (no concatenated copy)."""
+def _read_block_features(store, partitions: range, lo: int, hi: int, dtype: torch.dtype | None) -> torch.Tensor:
+    """float [hi - lo, D] of ``dtype`` (None: the stored one): each partition read straight
+    into its rows when the store holds ``dtype``, else read and converted into them (no
+    concatenated copy)."""
+    name = store.manifest.feature_dtype
+    stored = feature_tensor_dtype(name)
+    dtype = stored if dtype is None else dtype
     x = torch.empty((hi - lo, store.feature_dim), dtype=dtype)
-    stored = torch.from_numpy(np.empty(0, dtype=np.dtype(store.manifest.feature_dtype))).dtype
-    rows = x.numpy() if stored == dtype else None
+    rows = host_array(x) if stored == dtype else None  # bfloat16: its uint16 bits, as the chunks hold them
     for k in partitions:
         a, b = store.partition_range(k)
         if rows is not None:
             store.read_rows("nodes/features", a, b, out=rows[a - lo:b - lo])
         else:
-            x[a - lo:b - lo].copy_(torch.from_numpy(store.read_features(k)))
+            x[a - lo:b - lo].copy_(rows_as_tensor(store.read_features(k), name))
     return x

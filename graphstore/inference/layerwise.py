@@ -77,6 +77,7 @@ from graphstore.buffer.manager import _bucket_spans
 from graphstore.buffer.policies import plan_epoch
 from graphstore.buffer.slots import assign_slots, slots_needed
 from graphstore.errors import ConfigError, CorruptStoreError
+from graphstore.layout.dtypes import decode
 from graphstore.layout.store import Store
 from graphstore.nn import GNN, PartialAggregate, PartialSources, RGCNConv
 
@@ -619,17 +620,21 @@ class _Walk:
                 block = source.read(k)
             else:
                 block = input_rows(k) if input_rows is not None else store.read_features(k)
-            block = np.asarray(block, dtype=np.float32)
+            # The bytes as read (half rows count half), then numbers to compute on: a
+            # bfloat16 store's uint16 bits decoded, float16 widened (exact).
+            read_bytes = np.asarray(block).nbytes
+            stored = source is None and input_rows is None
+            block = decode(block, store.manifest.feature_dtype) if stored else np.asarray(block, dtype=np.float32)
             deg = store.read_rows("nodes/in_degree", *store.partition_range(k)) if gcn else None
             counts = self._relation_counts(k, layer.num_relations) if rgcn else None
-            return block, deg, counts
+            return block, deg, counts, read_bytes
 
         try:
             with torch.no_grad(), _Pipeline(read_input, p, prefetch=self.prefetch) as pipe:
                 for k in range(p):
-                    block, deg, counts = pipe.take(k)
+                    block, deg, counts, read_bytes = pipe.take(k)
                     pipe.start(k + 1)
-                    nbytes = block.nbytes + (0 if deg is None else deg.nbytes) + self._count_bytes(k, counts)
+                    nbytes = read_bytes + (0 if deg is None else deg.nbytes) + self._count_bytes(k, counts)
                     self._add(bytes_read=nbytes, planned_bytes=nbytes)
                     rows = torch.from_numpy(block)
                     if transform is not None:

@@ -52,6 +52,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from graphstore.buffer.resident import ResidentGraph, build_structure_graph
+from graphstore.buffer.slots import rows_as_tensor
 from graphstore.errors import ConfigError, ReadOnlyStoreError
 from graphstore.interop.hops import HopOrder, check_hops, targets_first
 from graphstore.layout.store import Store
@@ -238,11 +239,13 @@ class StoreFeatureStore(FeatureStore):
         ids = self._ids(attr.index)
         if attr.attr_name == "y":
             return self.labels if ids is None else self.labels.index_select(0, ids)
+        # Rows in the stored dtype (float16, bfloat16, float32), as the loaders' batches give them.
+        dtype = self.store.manifest.feature_dtype
         if ids is None:
-            return torch.from_numpy(self.store.read_rows("nodes/features", 0, self.store.num_nodes))
+            return rows_as_tensor(self.store.read_rows("nodes/features", 0, self.store.num_nodes), dtype)
         # read_row_set takes ascending distinct ids; a batch's n_id is neither.
         unique, inverse = torch.unique(ids, return_inverse=True)
-        rows = torch.from_numpy(self.store.read_row_set("nodes/features", unique.numpy()))
+        rows = rows_as_tensor(self.store.read_row_set("nodes/features", unique.numpy()), dtype)
         return rows.index_select(0, inverse)
 
     def _ids(self, index: Any) -> torch.Tensor | None:

@@ -109,6 +109,10 @@ class ConvertOptions:
     hub_fraction: float = DEFAULT_HUB_FRACTION
     """Fraction of nodes (highest degree) in the hub group, HierBatching's static cache
     (`graphstore.layout._hubs`); 0 writes none."""
+    feature_dtype: str | None = None
+    """``"float32"``, ``"float16"`` or ``"bfloat16"`` (stored as uint16 bit patterns,
+    `graphstore.layout.dtypes`): each feature chunk is cast as it streams. None: the
+    source's (float16 stays float16, the rest float32)."""
 
 
 def convert(source: str | os.PathLike | SourceGraph, out: str | os.PathLike,
@@ -289,7 +293,7 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
     with _phase("write nodes", timings):
         write_node_arrays(layout, graph, orig_id, store_id)
     with _phase("write features", timings):
-        feature_dtype = write_features(layout, graph, store_id, work, opts.progress)
+        feature_dtype = write_features(layout, graph, store_id, work, opts.progress, opts.feature_dtype)
     with _phase("write edges", timings):
         stored = write_edges(layout, staged, store_id, work, opts.chunk_edges, opts.keep_duplicates)
         num_edges, cut_edges = stored.num_edges, stored.cut_edges

@@ -6,19 +6,26 @@ from pathlib import Path
 
 import numpy as np
 
-from graphstore.errors import SourceError
+from graphstore.errors import ConfigError, SourceError
 from graphstore.layout._arrays import ChunkedAppender, chunk_rows_for
 from graphstore.layout._progress import progress_bar
 from graphstore.layout._staging import NODE_CHUNK, ScratchFile
 from graphstore.layout._writer import StoreWriter
+from graphstore.layout.dtypes import FEATURE_DTYPES, FLOAT16_MAX, encode, first_overflow, storage_dtype
 from graphstore.layout.sources.base import SourceGraph
 
 __all__ = ["write_features"]
 
 
 def write_features(layout: StoreWriter, graph: SourceGraph, store_id: np.ndarray, work: Path,
-                    progress: bool | None) -> str | None:
-    """Stream feature rows into ``nodes/features`` in store order.
+                    progress: bool | None, feature_dtype: str | None = None) -> str | None:
+    """Stream feature rows into ``nodes/features`` in store order; returns the stored dtype's
+    name (`graphstore.layout.dtypes`), None without features.
+
+    ``feature_dtype`` (``"float32"``, ``"float16"``, ``"bfloat16"``) casts each chunk as it
+    streams, never the whole matrix; None keeps the source's: float16 stays float16
+    (papers100M ships it), the rest is float32. A value beyond float16's range is refused
+    with the file, row and column (a silent inf would poison every layer it reaches).
 
     Rows arrive in source order. Unless the store order is the source order, each chunk is
     scattered into a staging file laid out like the store: the rows a chunk sends to one
@@ -26,6 +33,8 @@ def write_features(layout: StoreWriter, graph: SourceGraph, store_id: np.ndarray
     source order), so a chunk costs one write per partition it touches. The staging file is
     then copied in store order into chunk-aligned Zarr writes.
     """
+    if feature_dtype is not None and feature_dtype not in FEATURE_DTYPES:
+        raise ConfigError(f"--feature-dtype must be one of {', '.join(FEATURE_DTYPES)} (got {feature_dtype!r})")
     if graph.features is None or graph.feature_dim == 0:
         return None
     n, d = graph.num_nodes, graph.feature_dim
@@ -33,7 +42,7 @@ def write_features(layout: StoreWriter, graph: SourceGraph, store_id: np.ndarray
                    for a in range(0, n, NODE_CHUNK))
     appender: ChunkedAppender | None = None
     staging: _ScatterBuffer | None = None
-    dtype = np.dtype(np.float32)
+    name = "float32"
     seen = 0
     try:
         with progress_bar(n, "features", progress) as bar:
@@ -41,14 +50,15 @@ def write_features(layout: StoreWriter, graph: SourceGraph, store_id: np.ndarray
                 chunk = _checked_feature_chunk(graph, np.asarray(chunk), seen)
                 if appender is None:
                     # float16 sources stay float16 (papers100M ships them); the rest is float32.
-                    dtype = np.dtype(np.float16) if chunk.dtype == np.float16 else np.dtype(np.float32)
+                    name = feature_dtype or ("float16" if chunk.dtype == np.float16 else "float32")
+                    dtype = storage_dtype(name)
                     layout.feature_rows = chunk_rows_for(layout.partition_size, d * dtype.itemsize, n)
                     appender = ChunkedAppender(layout.array("nodes/features", (n, d), dtype,
                                                             (layout.feature_rows, d)))
                     if not identity:
                         scratch = ScratchFile(str(work / "features.stage"), dtype, row_width=d)
                         staging = _ScatterBuffer(scratch, layout.p, d * dtype.itemsize)
-                chunk = chunk.astype(dtype, copy=False)
+                chunk = _encoded(graph, chunk, name, seen)
                 if staging is None:
                     appender.append(chunk)
                 else:
@@ -67,7 +77,22 @@ def write_features(layout: StoreWriter, graph: SourceGraph, store_id: np.ndarray
     finally:
         if staging is not None:
             staging.scratch.close(remove=True)
-    return dtype.name
+    return name
+
+
+def _encoded(graph: SourceGraph, chunk: np.ndarray, name: str, seen: int) -> np.ndarray:
+    """The chunk as stored under ``name``; a value the cast would turn into inf is a
+    `SourceError` naming the file, the row and the column."""
+    stored = encode(chunk, name)
+    bad = first_overflow(stored, name)
+    if bad is not None:
+        row, col = bad
+        limit = f"|x| <= {FLOAT16_MAX:g}" if name == "float16" else "|x| < 3.39e38"
+        raise SourceError(f"{graph.where('features')} {graph.describe_feature_row(seen + row)}: feature value "
+                          f"{chunk[row, col]:g} in column {col} is out of {name}'s range ({limit}); convert with "
+                          f"--feature-dtype {'bfloat16 or ' if name == 'float16' else ''}float32, or rescale the "
+                          "features")
+    return stored
 
 
 def _checked_feature_chunk(graph: SourceGraph, chunk: np.ndarray, seen: int) -> np.ndarray:

@@ -29,6 +29,7 @@ import zarr
 from graphstore.errors import CorruptStoreError, UnverifiedReadsWarning
 from graphstore.layout._chunkio import shared_reader
 from graphstore.layout._segments import segment_crcs
+from graphstore.layout.dtypes import decode
 from graphstore.layout.store import Store
 
 __all__ = ["store_summary", "verify_store"]
@@ -201,6 +202,7 @@ def verify_store(path: str | os.PathLike) -> dict[str, Any]:
                 fail("nodes/labels", index, f"node {start + bad[0]} has label {rows[bad[0]]} outside [-1, {m.num_classes})")
     if m.has_features:
         for index, start, rows in _iter_chunks(store, "nodes/features"):
+            rows = decode(rows, m.feature_dtype)  # bfloat16's uint16 bits are always "finite" as integers
             if not np.isfinite(rows).all():
                 row = int(np.argwhere(~np.isfinite(rows))[0][0])
                 fail("nodes/features", index, f"node {start + row} has a non-finite feature")

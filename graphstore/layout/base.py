@@ -6,8 +6,9 @@ A store is a Zarr v3 group on disk::
       zarr.json                   group; attrs["graphstore"] is the `Manifest` (written last:
                                   a directory without it is not a store)
       nodes/
-        features   [N, D]  float32|float16  rows in store order; a chunk is one partition's
-                                            rows or an equal slice of them (never straddles)
+        features   [N, D]  float32|float16|uint16  rows in store order; a chunk is one partition's
+                                            rows or an equal slice of them (never straddles);
+                                            uint16: bfloat16 bit patterns (layout/dtypes.py)
         labels     [N]     int32   class id, -1 = unlabeled          (when labeled)
         orig_id    [N]     index   source id of each store row
         store_id   [N]     index   store row of each source id (inverse of orig_id)
@@ -82,7 +83,8 @@ class Manifest:
     feature_dim: int
     """D, feature width; 0 when the store has no features."""
     feature_dtype: str | None
-    """``"float32"`` or ``"float16"``; None without features."""
+    """``"float32"``, ``"float16"`` or ``"bfloat16"`` (stored as uint16 bits,
+    `graphstore.layout.dtypes`); None without features."""
     index_dtype: str
     """dtype of every array of node ids (``"int32"`` or ``"int64"``)."""
     num_classes: int

@@ -44,6 +44,7 @@ from graphstore.layout._lock import StoreLock
 from graphstore.layout._rowsets import RowSetStats, read_row_set
 from graphstore.layout._segments import load_segment_tables
 from graphstore.layout.base import FORMAT_VERSION, MANIFEST_KEY, Manifest
+from graphstore.layout.dtypes import storage_dtype
 from graphstore.layout.sources.base import EdgeSplit
 
 __all__ = ["Store", "open_store"]
@@ -186,7 +187,7 @@ class Store:
             "edges/bucket_offsets": ((p * p + 1,), "int64"),
         }
         if m.has_features:
-            expected["nodes/features"] = ((n, m.feature_dim), str(m.feature_dtype))
+            expected["nodes/features"] = ((n, m.feature_dim), storage_dtype(m.feature_dtype).name)  # bfloat16: uint16 bits
         if m.has_labels:
             expected["nodes/labels"] = ((n,), "int32")
         if m.has_relations:

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from graphstore.errors import ConfigError
+from graphstore.layout.dtypes import decode
 from graphstore.layout.store import Store
 from graphstore.units import parse_byte_size
 
@@ -139,7 +140,8 @@ def feature_normalization(store: Store) -> tuple[str, str]:
     blocks = []
     for k in picks.tolist():
         start, stop = store.partition_range(int(k))
-        blocks.append(np.asarray(store.read_rows("nodes/features", start, min(stop, start + per)), dtype=np.float32))
+        rows = store.read_rows("nodes/features", start, min(stop, start + per))
+        blocks.append(decode(rows, store.manifest.feature_dtype))  # bfloat16: its stored bits as numbers
         if sum(b.shape[0] for b in blocks) >= SAMPLE_ROWS:
             break
     rows = np.concatenate(blocks) if blocks else np.zeros((0, store.feature_dim), np.float32)

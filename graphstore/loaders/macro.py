@@ -38,8 +38,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from graphstore.buffer.slots import feature_tensor_dtype
 from graphstore.errors import ConfigError
 from graphstore.layout._rowsets import RowSetStats
+from graphstore.layout.dtypes import decode, storage_dtype
 from graphstore.layout.store import Store
 from graphstore.loaders.batches import NodeBatch
 from graphstore.loaders.feature_cache import CacheStats, FeatureCache
@@ -106,15 +108,19 @@ class FeatureFetch:
         self.feature_dim = store.feature_dim
         self.dim = store.feature_dim * len(self.arrays)
         """Width of a fetched row."""
-        self.dtype = np.result_type(*(store.array(name).dtype for name in self.arrays))
-        """dtype of a fetched row: the features' (float16 stays float16), float32 with the
-        aggregates beside them (they are stored float32)."""
+        self.feature_dtype = store.manifest.feature_dtype
+        # Alone, rows stay as stored (bfloat16: uint16 bits); beside the float32 aggregates
+        # they are decoded to float32 numbers first (concatenating would convert bfloat16's
+        # bits as integers).
+        self.dtype = storage_dtype(self.feature_dtype) if len(self.arrays) == 1 else np.dtype(np.float32)
+        """dtype of a fetched row: the features' as stored (float16 stays float16, bfloat16
+        its uint16 bits), float32 with the aggregates beside them (they are stored float32)."""
 
     def __call__(self, ids: np.ndarray, stats: FetchStats) -> np.ndarray:
         """[len(ids), dim]: the rows of ``ids`` (ascending, distinct)."""
         read = RowSetStats()
         parts = [self.store.read_row_set(name, ids, stats=read) for name in self.arrays]
-        out = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+        out = parts[0] if len(parts) == 1 else np.concatenate([decode(parts[0], self.feature_dtype), *parts[1:]], axis=1)
         stats.blocks_read += read.blocks
         stats.requests += read.requests
         stats.bytes_read += read.bytes_read
@@ -151,7 +157,7 @@ class _Round:
             g = s.graph
             rows = self.rows.index_select(0, torch.from_numpy(np.searchsorted(self.union, mine)))
             labels = g.labels.index_select(0, s.dense.targets).long()
-            features = rows[:, :d].to(self.feature_dtype)  # exact: float16 values widened, then narrowed back
+            features = rows[:, :d].to(self.feature_dtype)  # exact: half values widened, then narrowed back
             if rows.shape[1] == d:
                 yield NodeBatch(s.dense, features, labels, g)
             else:
@@ -247,7 +253,7 @@ class MacroBatchGather:
             raise ConfigError(f"the feature cache holds rows of width {cache.dim}; the fetch reads {self.fetch.dim}")
         if cache is not None and cache.dtype != fetch_dtype(self.fetch):
             raise ConfigError(f"the feature cache holds {cache.dtype} rows; the fetch reads {fetch_dtype(self.fetch)}")
-        self.feature_dtype = getattr(torch, str(np.dtype(store.manifest.feature_dtype or "float32")))
+        self.feature_dtype = feature_tensor_dtype(store.manifest.feature_dtype)
         self.aggregated_from = None if aggregated is None else aggregate_source(store, aggregated)
         self.macro_batches, self.macro_batch_bytes, self.prefetch = macro_batches, macro_batch_bytes, prefetch
         self.cache, self.cache_lookahead = cache, cache_lookahead
@@ -339,7 +345,10 @@ class MacroBatchGather:
                     stats.cache_rows = served.rows_kept
                 stats.rows_union += int(union.size)
                 stats.rounds += 1
-                yield self._round(macro, start, stop, union, torch.from_numpy(rows), stats)
+                # uint16 rows are a bfloat16 store's bits (the only uint16 a fetch returns).
+                held = torch.from_numpy(rows)
+                yield self._round(macro, start, stop, union, held.view(torch.bfloat16) if rows.dtype == np.uint16
+                                  else held, stats)
                 if stopped():
                     return
 

@@ -89,7 +89,11 @@ def layer_view(layer: DenseLayer | Block | LayerView) -> LayerView:
 def normalize_rows(x: torch.Tensor) -> torch.Tensor:
     """Each row divided by its sum of absolute values (L1 norm); rows of zeros stay zero
     (PyG's ``NormalizeFeatures``, applied per batch or per partition, so it needs no pass
-    over the store)."""
+    over the store). Half rows (float16, bfloat16) are normalised in float32 and returned
+    float32: a float16 row sum of a wide bag-of-words row overflows past 65504, and its
+    inf would zero the row."""
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
     norm = x.abs().sum(dim=1, keepdim=True)
     return x / torch.where(norm > 0, norm, torch.ones_like(norm))
 

@@ -40,6 +40,7 @@ def check_node_scheme(store, scheme: str, *, fanouts: Sequence[int] = (3, 2), ba
     AssertionError
         Naming the scheme, the epoch and the broken invariant.
     """
+    from graphstore.buffer.slots import host_array
     from graphstore.loaders import NodeLoader, NodeLoaderSettings
 
     def make() -> NodeLoader:
@@ -61,7 +62,7 @@ def check_node_scheme(store, scheme: str, *, fanouts: Sequence[int] = (3, 2), ba
             targets = ids[batch.dense.node_id_offsets[-1]:].numpy()
             if len(targets) > batch_size:
                 raise _fail(scheme, f"epoch {epoch}: a batch of {len(targets)} targets (batch_size {batch_size})")
-            if not np.array_equal(batch.features.numpy(), features[ids.numpy()]):
+            if not np.array_equal(host_array(batch.features), features[ids.numpy()]):  # stored bytes, any dtype
                 raise _fail(scheme, f"epoch {epoch}: a batch's feature rows differ from the store's")
             if not np.array_equal(batch.labels.numpy(), labels[targets]):
                 raise _fail(scheme, f"epoch {epoch}: a batch's labels differ from the store's")
