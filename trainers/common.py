@@ -257,6 +257,42 @@ def default_buffer(args: Any, *, whole_graph: bool, saved: dict[str, Any] | None
     return {"buffer_bytes": figure}, rule
 
 
+STEP_SHARE = 8
+"""An out-of-core scheme's byte budget keeps ``1/STEP_SHARE`` of itself for the batch being
+trained (its input rows, activations, gradients and optimizer step), the buffer the rest."""
+
+
+def training_step_share(args: Any, *, buffer_bytes: int | None, whole_graph: bool,
+                        buffer_rule: str | None, saved: dict[str, Any] | None = None
+                        ) -> tuple[dict[str, Any], str | None]:
+    """Part of an out-of-core scheme's byte budget for the batch in training:
+    ``({"buffer_bytes": B - S, "micro_batch_budget": S}, rule)`` with ``S = B // STEP_SHARE``,
+    so that the buffer, the batches made ahead and the batch being trained together stay
+    within ``B``. A batch whose estimated step (`graphstore.nn.estimate_step_memory`)
+    exceeds ``S`` is split into micro-batches (Betty) whose gradients add up to the batch's;
+    a batch within it trains as it is (the model's own state, `model_state_bytes`, is added
+    to ``S`` where the loader is made). ``({}, None)`` where it does not apply: the whole
+    graph resident (no byte budget bounds it), a capacity in partitions, or micro-batching
+    asked for by flag. A resumed run keeps its checkpoint's split."""
+    if (whole_graph or buffer_bytes is None or args.micro_batches is not None
+            or args.micro_batch_budget is not None):
+        return {}, None
+    if buffer_rule == "the resumed checkpoint's" and saved is not None and saved.get("micro_batch_budget"):
+        return {"micro_batch_budget": saved["micro_batch_budget"]}, "the resumed checkpoint's"
+    step = int(buffer_bytes) // STEP_SHARE
+    rule = (f"{step} bytes, 1/{STEP_SHARE} of the {int(buffer_bytes)}-byte budget, for the batch in training "
+            "(its input rows and activations; the model's parameters, gradients and optimizer state, a fixed "
+            "cost, come on top); a batch estimated above it is split into micro-batches")
+    return {"buffer_bytes": int(buffer_bytes) - step, "micro_batch_budget": step}, rule
+
+
+def model_state_bytes(model: torch.nn.Module, optimizer: str = "adam") -> int:
+    """Parameters, their gradients and the optimizer's state (Adam: two moments a
+    parameter): what a training step holds whatever its batch."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return params * (4 if optimizer == "adam" else 2)
+
+
 def loader_threads(args: Any) -> int:
     """``--loader-threads``, or the default for the run's device (`default_loader_threads`)."""
     return args.loader_threads if args.loader_threads is not None else default_loader_threads(args.device)

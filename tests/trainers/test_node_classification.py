@@ -368,11 +368,36 @@ def test_the_buffer_is_sized_from_memory(cora_store, tmp_path, monkeypatch, memo
     out = tmp_path / "m.json"
     assert run(["--store", cora_store, "--scheme", "megabatch", "--epochs", 1, "--metrics-out", out]) == 0
     cfg = read(out)["config"]
-    assert cfg["buffer_bytes"] == memory // 2
+    # Half the memory is the budget; an eighth of that is kept for the batch in training.
+    assert cfg["buffer_bytes"] + cfg["micro_batch_budget"] == memory // 2
+    assert cfg["micro_batch_budget"] == memory // 2 // 8
     assert "GRAPHSTORE_MEMORY_BYTES" in cfg["derived"]["buffer_bytes"]
     loader = cfg["loaders"]["train"]
     assert (loader["capacity"], loader["reuse"]) == (resident, reuse)
     # A resumed run replays the checkpoint's buffer whatever memory is free now.
+
+
+def test_the_batch_in_training_counts_in_the_budget(cora_store, tmp_path):
+    """An out-of-core scheme's byte budget keeps an eighth for the batch being trained: a
+    batch whose estimated step is larger is split into micro-batches (here Cora's batches
+    of 64 at fanouts 15,10 against 2 MiB), one within it trains whole; a capacity in
+    partitions, or micro-batching asked for by flag, leaves the batches alone."""
+    def config_and_micro(*flags):
+        out = tmp_path / "m.json"
+        assert run(["--store", cora_store, "--scheme", "megabatch", "--epochs", 1, *flags, "--metrics-out", out]) == 0
+        m = read(out)
+        return m["config"], m["epochs"][-1]["micro_batching"]
+
+    cfg, micro = config_and_micro("--buffer-bytes", "16MiB")
+    assert (cfg["buffer_bytes"], cfg["micro_batch_budget"]) == (14 << 20, 2 << 20)
+    assert "1/8 of the 16777216-byte budget" in cfg["derived"]["micro_batch_budget"]
+    assert micro["max_k"] > 1 and micro["micro_batches"] > micro["batches"]
+    cfg, micro = config_and_micro("--buffer-bytes", "256MiB")
+    assert cfg["micro_batch_budget"] == 32 << 20 and micro["max_k"] == 1
+    cfg, micro = config_and_micro("--buffer-partitions", "2")
+    assert cfg["micro_batch_budget"] is None and micro is None
+    cfg, micro = config_and_micro("--buffer-bytes", "16MiB", "--micro-batches", "2")
+    assert cfg["buffer_bytes"] == 16 << 20 and "micro_batch_budget" not in cfg["derived"] and micro["max_k"] == 2
 
 
 def test_a_resumed_run_keeps_the_checkpoints_buffer(cora_store, tmp_path, monkeypatch):
