@@ -15,7 +15,8 @@ megabatch   hierbatching   a quarter of the partitions (at least 2) + the static
                            edges re-read per state); each mega-batch trained ``reuse=2`` times
 disk        sequential /   half the partitions (MariusGNN); node classification uses
             dispersed /    ``sequential`` when every training partition fits, else
-            comet / beta   ``dispersed``; link prediction ``comet`` (l = ceil(p / floor(c/2)),
+            comet / beta   ``dispersed`` (about one state per batch of a small training split,
+                           `plan_dispersed`); link prediction ``comet`` (l = ceil(p / floor(c/2)),
                            MariusGNN's 2p/c, so two logical partitions are resident)
 microbatch  in_memory      as minibatch, each batch split into micro-batches (Betty) whose
                            gradients accumulate into the batch's update
