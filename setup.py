@@ -1,4 +1,5 @@
-"""Builds the compiled DENSE kernel and CSC builder; all metadata lives in pyproject.toml.
+"""Builds the compiled kernels (DENSE sampler, CSC builder, block reader, edge phase); all
+metadata lives in pyproject.toml.
 
 ``graphstore/sample/_native/dense.c`` (and ``graphstore/buffer/_native/csc.c``) is plain C99 with no Python or torch headers, loaded
 with ctypes (`graphstore.sample._native`), so building it needs only a C compiler: not
@@ -36,6 +37,8 @@ setup(
         Extension("graphstore.buffer._native._csc", sources=["graphstore/buffer/_native/csc.c"],
                   optional=True),
         Extension("graphstore.layout._native._rowsets", sources=["graphstore/layout/_native/rowsets.c"],
+                  optional=True),
+        Extension("graphstore.layout._native._edges", sources=["graphstore/layout/_native/edges.c"],
                   optional=True),
     ],
     cmdclass={"build_ext": BuildCtypesLibrary},

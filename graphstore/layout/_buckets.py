@@ -2,6 +2,12 @@
 partition on disk, then sorted into (src partition, dst, src) order one destination
 partition at a time, with duplicates merged.
 
+Two implementations write the same bytes. The C one (`graphstore.layout._native.edges`)
+packs each edge into one 64-bit key, groups the keys by destination partition into one
+scratch file, and radix sorts and merges each destination partition's keys, on worker
+threads that hold no GIL (`_write_edges_native`). numpy does the same in columns
+(`_write_edges_numpy`), when the kernel is not built or a key would not fit in 64 bits.
+
 Every staged edge carries one bit from staging to the merge: given by the source, or a
 reverse edge the converter added to an undirected source. Equal edges merge whatever their
 bits (the stored edges do not depend on them); the bits only let the counts tell a source
@@ -10,12 +16,18 @@ that repeats an edge from a source that already lists both directions (`EdgeCoun
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from graphstore.layout._arrays import ChunkedAppender
+from graphstore.layout._native import edges as native
 from graphstore.layout._staging import NODE_CHUNK, ScratchFile, StagedEdges, node_scratch
 from graphstore.layout._writer import StoreWriter
 
@@ -24,6 +36,8 @@ __all__ = ["EdgeCounts", "write_edges"]
 _ADDED_SHIFT = 62
 _ADDED = np.int64(1 << _ADDED_SHIFT)
 """The added-reverse bit, carried above the store id in the grouped scratch files."""
+MAX_WORKERS = 4
+"""Threads of the C edge phase at most; each packs a chunk or sorts a partition without the GIL."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +74,6 @@ def write_edges(layout: StoreWriter, staged: StagedEdges, store_id: np.ndarray, 
     Returns the counts of the stored edges and of the merges (`EdgeCounts`).
     """
     p, size = layout.p, layout.partition_size
-    with_rel = staged.rel_path is not None
-    names = ["src", "dst", "rel"] if with_rel else ["src", "dst"]
-
     # Edges into each partition, known from staging: partition j's group starts at starts[j].
     in_count = staged.in_count
     if in_count is None:
@@ -72,6 +83,195 @@ def write_edges(layout: StoreWriter, staged: StagedEdges, store_id: np.ndarray, 
         part_of = np.asarray(store_id[a : a + NODE_CHUNK]) // size
         per_partition += np.bincount(part_of, weights=in_count[a : a + NODE_CHUNK], minlength=p).astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(per_partition)])
+    keys = _key_fields(layout, staged, store_id)
+    if keys is not None:
+        return _write_edges_native(layout, staged, store_id, work, chunk_edges, keep_duplicates, starts, keys)
+    return _write_edges_numpy(layout, staged, store_id, work, chunk_edges, keep_duplicates, starts)
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyFields:
+    """Bit widths of the C path's packed key (the layout is drawn in edges.c)."""
+
+    b: int
+    """Bits of a node's offset in its partition (``d % size``, ``s % size``)."""
+    rel_bits: int
+    """Bits of a relation id (0 without relations)."""
+    key_bits: int
+    """All of them: source partition, two offsets, relation, the added bit."""
+
+
+def _key_fields(layout: StoreWriter, staged: StagedEdges, store_id: np.ndarray) -> _KeyFields | None:
+    """The key layout when the C path can run: the kernel is built, the id map is a plain
+    int32/int64 array, and a key fits in 64 bits; else None (numpy)."""
+    if native.library() is None:
+        return None
+    if not (isinstance(store_id, np.ndarray) and store_id.dtype in (np.int32, np.int64)
+            and store_id.flags.c_contiguous and layout.n < 1 << 52):
+        return None
+    with_rel = staged.rel_path is not None
+    if with_rel and staged.max_rel is None:
+        return None
+    b = (layout.partition_size - 1).bit_length()
+    rel_bits = int(staged.max_rel).bit_length() if with_rel else 0
+    key_bits = (layout.p - 1).bit_length() + 2 * b + rel_bits + 1
+    return _KeyFields(b, rel_bits, key_bits) if key_bits <= 64 else None
+
+
+def _workers() -> int:
+    """Threads for the C path: the cores this process may use, up to `MAX_WORKERS`; one when
+    the kernel's out-degree adds are not atomic."""
+    if not native.threadsafe():
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_WORKERS, cores))
+
+
+def _in_order(pool: ThreadPoolExecutor, tasks: Iterable[tuple[Callable[[], object], int]], *,
+              most: int, budget: int) -> Iterator[object]:
+    """Run ``(task, weight)`` pairs on ``pool`` and yield their results in order, with at most
+    ``most`` tasks and ``budget`` weight (edges, so bytes) in flight, one task always allowed.
+
+    Results come back in submission order so the store is written in partition order; the
+    bound keeps conversion memory set by the chunk settings, whatever the thread count.
+    """
+    pending: deque[tuple[Future, int]] = deque()
+    weight = 0
+    try:
+        for task, w in tasks:
+            while pending and (len(pending) >= most or weight + w > budget):
+                future, done_w = pending.popleft()
+                weight -= done_w
+                yield future.result()
+            pending.append((pool.submit(task), w))
+            weight += w
+        while pending:
+            future, done_w = pending.popleft()
+            weight -= done_w
+            yield future.result()
+    finally:
+        for future, _ in pending:
+            future.cancel()
+
+
+def _write_edges_native(layout: StoreWriter, staged: StagedEdges, store_id: np.ndarray, work: Path,
+                        chunk_edges: int, keep_duplicates: bool, starts: np.ndarray, keys: _KeyFields) -> EdgeCounts:
+    """`write_edges` through the C kernel: pass 1 packs chunks of staged edges into keys
+    grouped by destination partition (one scratch file of 8 bytes an edge), pass 2 sorts and
+    merges each destination partition's keys; both on `_workers` threads."""
+    p, size = layout.p, layout.partition_size
+    with_rel = staged.rel_path is not None
+    workers = _workers()
+    chunk = max(1, chunk_edges)
+    paths = [staged.src_path, staged.dst_path] + ([staged.rel_path] if with_rel else [])
+    fds = [os.open(path, os.O_RDONLY) for path in paths]
+    grouped = ScratchFile(str(work / "grouped_keys.u64"), np.uint64)
+    try:
+        staged_fds = (fds[0], fds[1], fds[2] if with_rel else -1)
+        names = dict(zip(fds, paths, strict=True))
+        runs = np.ascontiguousarray(staged.reverse_runs if staged.reverse_runs is not None
+                                    else np.zeros((0, 2)), dtype=np.int64)
+
+        def pack(start: int, count: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+            return lambda: native.pack_chunk(staged_fds, names, start, count, runs, store_id, size=size, p=p,
+                                             b=keys.b, rel_bits=keys.rel_bits)
+
+        # Pass 1: workers pack chunks; this thread appends each chunk's groups at the
+        # partitions' cursors, in chunk order, while the next chunks are packed.
+        cursor = starts[:-1].copy()
+        chunks = ((pack(a, min(chunk, staged.num_edges - a)), 1) for a in range(0, staged.num_edges, chunk))
+        with ThreadPoolExecutor(workers, thread_name_prefix="gs-edges") as pool:
+            with contextlib.closing(_in_order(pool, chunks, most=workers + 1, budget=workers + 1)) as results:
+                for packed, counts in results:
+                    native.write_groups(grouped.fileno(), grouped.path, packed, counts, cursor)
+                    grouped.note_written(packed.nbytes)
+            grouped.drop_cache()
+            # Pass 2: per destination partition, sort, merge, decode, count; appended in order.
+            return _sort_keys_into_store(layout, pool, grouped, starts, keys, with_rel=with_rel,
+                                         keep_duplicates=keep_duplicates, work_dir=work,
+                                         budget=2 * chunk, most=2 * workers + 2)
+    finally:
+        grouped.close(remove=True)
+        for fd in fds:
+            os.close(fd)
+
+
+def _sort_keys_into_store(layout: StoreWriter, pool: ThreadPoolExecutor, grouped: ScratchFile, starts: np.ndarray,
+                          keys: _KeyFields, *, with_rel: bool, keep_duplicates: bool, work_dir: Path, budget: int,
+                          most: int) -> EdgeCounts:
+    p, size, n, idx = layout.p, layout.partition_size, layout.n, np.dtype(layout.idx)
+    out = _edge_appenders(layout, int(starts[-1]), with_rel)
+    in_degree = node_scratch(str(work_dir), "in_degree", n, np.int64)
+    out_degree = node_scratch(str(work_dir), "out_degree", n, np.int64)
+    fd = grouped.fileno()
+
+    def sort(j: int, count: int) -> Callable[[], tuple]:
+        first = j * size
+        if count == 0:
+            return lambda: None
+        # Start reading the group now, so the disk works while earlier groups are sorted.
+        if _HAS_FADVISE:
+            os.posix_fadvise(fd, int(starts[j]) * 8, count * 8, os.POSIX_FADV_WILLNEED)
+        return lambda: native.sort_group(fd, grouped.path, int(starts[j]), count, key_bits=keys.key_bits,
+                                         size=size, first=first, b=keys.b, rel_bits=keys.rel_bits,
+                                         with_rel=with_rel, keep_duplicates=keep_duplicates, idx=idx, p=p,
+                                         in_degree=in_degree[first : first + size], out_degree=out_degree)
+
+    offsets = np.zeros(p * p + 1, dtype=np.int64)
+    stored = cut = 0
+    merges = np.zeros(4, dtype=np.int64)
+    counts = np.diff(starts)
+    tasks = ((sort(j, int(counts[j])), int(counts[j])) for j in range(p))
+    with contextlib.closing(_in_order(pool, tasks, most=most, budget=budget)) as results:
+        for j, result in enumerate(results):
+            if result is None:
+                offsets[j * p + 1 : (j + 1) * p + 1] = stored
+                continue
+            s, d, r, bucket_sizes, merge = result
+            merges += merge
+            offsets[j * p + 1 : (j + 1) * p + 1] = stored + np.cumsum(bucket_sizes)
+            stored += len(s)
+            cut += len(s) - int(bucket_sizes[j])
+            out["src"].append(s)
+            out["dst"].append(d)
+            if r is not None:
+                out["rel"].append(r)
+    return _finish_store(layout, out, in_degree, out_degree, offsets, stored, cut, merges)
+
+
+def _edge_appenders(layout: StoreWriter, total: int, with_rel: bool) -> dict[str, ChunkedAppender]:
+    out = {
+        "src": ChunkedAppender(layout.array("edges/src", (total,), layout.idx, (layout.edge_chunk,))),
+        "dst": ChunkedAppender(layout.array("edges/dst", (total,), layout.idx, (layout.edge_chunk,))),
+    }
+    if with_rel:
+        out["rel"] = ChunkedAppender(layout.array("edges/rel", (total,), "int32", (layout.edge_chunk,)))
+    return out
+
+
+def _finish_store(layout: StoreWriter, out: dict[str, ChunkedAppender], in_degree: np.ndarray,
+                  out_degree: np.ndarray, offsets: np.ndarray, stored: int, cut: int, merges: np.ndarray
+                  ) -> EdgeCounts:
+    for appender in out.values():
+        appender.finish()
+    layout.node_array("nodes/in_degree", in_degree)
+    layout.node_array("nodes/out_degree", out_degree)
+    offsets_arr = layout.array("edges/bucket_offsets", (len(offsets),), "int64", ((4 << 20) // 8,))
+    offsets_arr[...] = offsets
+    duplicates, merged, present, reverse_added = (int(c) for c in merges)
+    return EdgeCounts(num_edges=stored, cut_edges=cut, duplicates=duplicates, duplicates_merged=merged,
+                      reverse_edges_present=present, reverse_edges_added=reverse_added)
+
+
+_HAS_FADVISE = hasattr(os, "posix_fadvise")
+
+
+def _write_edges_numpy(layout: StoreWriter, staged: StagedEdges, store_id: np.ndarray, work: Path,
+                       chunk_edges: int, keep_duplicates: bool, starts: np.ndarray) -> EdgeCounts:
+    """`write_edges` in numpy: the same bytes as the C path, in columns of int64."""
+    p, size = layout.p, layout.partition_size
+    with_rel = staged.rel_path is not None
+    names = ["src", "dst", "rel"] if with_rel else ["src", "dst"]
     scratch = {k: ScratchFile(str(work / f"grouped_{k}.i64"), np.int64) for k in names}
     try:
         # Pass 1: a counting-sort scatter by destination partition, in store ids.
@@ -184,13 +384,7 @@ def _sort_groups_into_store(layout: StoreWriter, scratch: dict[str, ScratchFile]
                             with_rel: bool, keep_duplicates: bool, work_dir: Path, *,
                             with_added: bool) -> EdgeCounts:
     p, size, n, idx = layout.p, layout.partition_size, layout.n, layout.idx
-    total = int(starts[-1])
-    out = {
-        "src": ChunkedAppender(layout.array("edges/src", (total,), idx, (layout.edge_chunk,))),
-        "dst": ChunkedAppender(layout.array("edges/dst", (total,), idx, (layout.edge_chunk,))),
-    }
-    if with_rel:
-        out["rel"] = ChunkedAppender(layout.array("edges/rel", (total,), "int32", (layout.edge_chunk,)))
+    out = _edge_appenders(layout, int(starts[-1]), with_rel)
     in_degree = node_scratch(str(work_dir), "in_degree", n, np.int64)
     out_degree = node_scratch(str(work_dir), "out_degree", n, np.int64)
     offsets = np.zeros(p * p + 1, dtype=np.int64)
@@ -213,18 +407,11 @@ def _sort_groups_into_store(layout: StoreWriter, scratch: dict[str, ScratchFile]
         stored += len(s)
         cut += len(s) - int(bucket_sizes[j])
         first = j * size
-        in_degree[first : first + size] += np.bincount(d - first, minlength=min(size, n - first))
+        # max(0, ...): when size * (p - 1) >= n the last partitions hold no node at all.
+        in_degree[first : first + size] += np.bincount(d - first, minlength=max(0, min(size, n - first)))
         np.add.at(out_degree, s, 1)  # unbuffered: a source repeats within the group
         out["src"].append(s.astype(idx))
         out["dst"].append(d.astype(idx))
         if r is not None:
             out["rel"].append(r.astype(np.int32))
-    for appender in out.values():
-        appender.finish()
-    layout.node_array("nodes/in_degree", in_degree)
-    layout.node_array("nodes/out_degree", out_degree)
-    offsets_arr = layout.array("edges/bucket_offsets", (p * p + 1,), "int64", ((4 << 20) // 8,))
-    offsets_arr[...] = offsets
-    duplicates, merged, present, reverse_added = (int(c) for c in merges)
-    return EdgeCounts(num_edges=stored, cut_edges=cut, duplicates=duplicates, duplicates_merged=merged,
-                      reverse_edges_present=present, reverse_edges_added=reverse_added)
+    return _finish_store(layout, out, in_degree, out_degree, offsets, stored, cut, merges)

@@ -72,6 +72,17 @@ class ScratchFile:
         if self._unflushed >= FLUSH_BYTES:
             self.drop_cache()
 
+    def fileno(self) -> int:
+        """The open descriptor, for writers outside this class (the C edge phase)."""
+        return self._fd
+
+    def note_written(self, nbytes: int) -> None:
+        """Account ``nbytes`` written through `fileno` by someone else, so the file is still
+        synced and dropped every `FLUSH_BYTES`."""
+        self._unflushed += nbytes
+        if self._unflushed >= FLUSH_BYTES:
+            self.drop_cache()
+
     def read_rows(self, first_row: int, count: int) -> np.ndarray:
         """[count, row_width] (or [count]) rows from ``first_row``; dropped from the cache after."""
         nbytes = count * self.row_bytes
@@ -133,6 +144,9 @@ class StagedEdges:
     reverse_runs: np.ndarray | None = None
     """[k, 2] int64 ``[start, stop)`` row ranges, ascending and disjoint, of the reverse edges
     the converter added to an undirected source; None when it added none (a directed source)."""
+    max_rel: int | None = None
+    """The largest relation id staged (bounds the bits a relation takes in the edge phase's
+    packed keys), or None when unknown or without relations."""
 
     def _read(self, path: str, start: int, count: int) -> np.ndarray:
         # Plain reads, not a memory map: pages a map touches stay charged to this process
@@ -197,6 +211,7 @@ class EdgeStager:
         self.num_edges = 0
         self.in_count = node_scratch(directory, "in_count", num_nodes, np.int64)
         self._reverse_runs: list[tuple[int, int]] = []
+        self._max_rel = -1
 
     def append(self, src: np.ndarray, dst: np.ndarray, rel: np.ndarray | None, *,
                added_reverse: bool = False) -> None:
@@ -209,6 +224,8 @@ class EdgeStager:
         if "rel" in self._files:
             assert rel is not None  # the caller checked the source's relation column
             self._files["rel"].write_rows(self.num_edges, rel)
+            if len(rel):
+                self._max_rel = max(self._max_rel, int(rel.max()))
         self.num_edges += len(src)
         if len(dst):
             np.add.at(self.in_count, dst, 1)  # O(chunk), not O(N) like a bincount
@@ -237,4 +254,5 @@ class EdgeStager:
             num_nodes=self._num_nodes,
             in_count=self.in_count,
             reverse_runs=np.array(self._reverse_runs, dtype=np.int64) if self._reverse_runs else None,
+            max_rel=max(self._max_rel, 0) if rel else None,
         )
