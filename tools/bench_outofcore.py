@@ -534,9 +534,12 @@ def _layout_code_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def quick_store_paths(cache_dir: Path) -> dict[str, Path]:
-    return {"metis": cache_dir / "quick_metis.gs", "stream": cache_dir / "quick_stream.gs",
-            "marker": cache_dir / "quick_stores.json"}
+def quick_store_paths(cache_dir: Path, feature_dtype: str | None = None) -> dict[str, Path]:
+    """The quick stores' paths; another feature dtype than float32 has its own (``_float16``
+    suffixed), so both stay cached side by side."""
+    tag = "" if feature_dtype in (None, "float32") else f"_{feature_dtype}"
+    return {"metis": cache_dir / f"quick_metis{tag}.gs", "stream": cache_dir / f"quick_stream{tag}.gs",
+            "marker": cache_dir / f"quick_stores{tag}.json"}
 
 
 def quick_stores_invalid(cache_dir: Path, params: dict) -> str | None:
@@ -547,7 +550,7 @@ def quick_stores_invalid(cache_dir: Path, params: dict) -> str | None:
     import graphstore
     from graphstore.errors import GraphStoreError
 
-    paths = quick_store_paths(cache_dir)
+    paths = quick_store_paths(cache_dir, params.get("feature_dtype"))
     if not paths["marker"].exists():
         return f"no {paths['marker'].name} in {cache_dir}"
     try:
@@ -574,7 +577,7 @@ def ensure_quick_stores(cache_dir: Path, params: dict, log) -> dict:
     ``cache_dir``, built with tools/make_synthetic.py and ``graphstore convert`` when the
     cached ones are missing or invalid; the dataset itself is removed after conversion."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    paths = quick_store_paths(cache_dir)
+    paths = quick_store_paths(cache_dir, params.get("feature_dtype"))
     why = quick_stores_invalid(cache_dir, params)
     if why is None:
         return {"metis": paths["metis"], "stream": paths["stream"], "reused": True, "build_s": 0.0}
@@ -586,6 +589,7 @@ def ensure_quick_stores(cache_dir: Path, params: dict, log) -> dict:
         else:
             path.unlink(missing_ok=True)
     dataset = cache_dir / "synthetic"
+    cast = ["--feature-dtype", params["feature_dtype"]] if params.get("feature_dtype") else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     steps = [[sys.executable, str(REPO / "tools" / "make_synthetic.py"), "--kind", "node", "--layout", "npz",
               "--num-nodes", str(params["num_nodes"]), "--avg-degree", str(params["avg_degree"]),
@@ -594,7 +598,7 @@ def ensure_quick_stores(cache_dir: Path, params: dict, log) -> dict:
               "--homophily", str(params["homophily"]), "--seed", str(params["seed"]), "--no-progress",
               "--out", str(dataset)]]
     steps += [[sys.executable, "-m", "graphstore", "convert", str(dataset), str(paths[method]), "--partitions",
-               str(params["num_partitions"]), "--partitioner", method, "--seed", str(params["seed"])]
+               str(params["num_partitions"]), "--partitioner", method, "--seed", str(params["seed"]), *cast]
               for method in ("metis", "stream")]
     for cmd in steps:
         r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, cwd=REPO)
@@ -607,10 +611,13 @@ def ensure_quick_stores(cache_dir: Path, params: dict, log) -> dict:
     return {"metis": paths["metis"], "stream": paths["stream"], "reused": False, "build_s": seconds}
 
 
-def cached_quick_stores(cache_dir: Path, log) -> tuple[dict, dict]:
+def cached_quick_stores(cache_dir: Path, log, feature_dtype: str = "float32") -> tuple[dict, dict]:
     """`ensure_quick_stores` of `QUICK_STORE` (rebuilt when it or the layout code changes),
-    and the record of it a result's ``quick_store`` holds."""
+    its features converted to ``feature_dtype``, and the record of it a result's
+    ``quick_store`` holds."""
     params = dict(QUICK_STORE, layout_code=_layout_code_digest())
+    if feature_dtype != "float32":  # float32 keeps the parameters (and the cache) it always had
+        params["feature_dtype"] = feature_dtype
     built = ensure_quick_stores(cache_dir, params, log)
     return built, {"params": params, "reused": built["reused"], "build_s": built["build_s"],
                    "cache_dir": str(cache_dir)}
@@ -630,6 +637,7 @@ def store_info(store, path: Path, role: str) -> dict:
     partitioner = store.manifest.partitioner
     return {"path": str(path), "role": role, "num_nodes": store.num_nodes, "num_edges": store.num_edges,
             "num_partitions": store.num_partitions, "feature_dim": store.feature_dim,
+            "feature_dtype": store.manifest.feature_dtype,
             "partitioner": partitioner.get("method"), "edge_cut": partitioner.get("edge_cut")}
 
 
@@ -652,6 +660,8 @@ def prepare_dgl_inputs(store, path: Path, work: Path) -> dict:
     float32 file in store order, the CSC as int64, the labels."""
     import numpy as np
 
+    from graphstore.layout.dtypes import decode
+
     work.mkdir(parents=True, exist_ok=True)
     n, tag = store.num_nodes, _store_tag(path, store)
     files = {"features": work / f"features_{tag}.f32", "indptr": work / f"csc64_indptr_{tag}.npy",
@@ -662,7 +672,8 @@ def prepare_dgl_inputs(store, path: Path, work: Path) -> dict:
         with open(files["features"], "wb") as fh:  # store order = node order of the DGL graph
             for k in range(store.num_partitions):
                 lo, hi = store.partition_range(k)
-                fh.write(store.read_rows("nodes/features", lo, hi).astype(np.float32, copy=False).tobytes())
+                # DGL's memmap is float32 numbers (a bfloat16 store's bits decoded, not cast).
+                fh.write(decode(store.read_rows("nodes/features", lo, hi), store.manifest.feature_dtype).tobytes())
         np.save(files["labels"], store.read_rows("nodes/labels", 0, n))
         src = store.read_rows("edges/src", 0, store.num_edges)
         dst = store.read_rows("edges/dst", 0, store.num_edges)
@@ -946,6 +957,10 @@ def parse_args(argv):
                          "--quick: CACHE_DIR/work)")
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR,
                     help="where --quick keeps its stores (created if missing)")
+    ap.add_argument("--feature-dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                    help="--quick: the dtype its store's features are converted to (`graphstore convert "
+                         "--feature-dtype`; cached apart from float32's); with --store, that store's own "
+                         "(default: float32)")
     ap.add_argument("--quick", action="store_true",
                     help="small cached store, few targets, 2 epochs: checks the harness in minutes")
     ap.add_argument("--cap-mib", type=int, default=None,
@@ -1027,7 +1042,7 @@ def open_stores(args, ap, log) -> tuple:
 
     quick_store = None
     if args.quick and args.store is None:
-        built, quick_store = cached_quick_stores(args.cache_dir, log)
+        built, quick_store = cached_quick_stores(args.cache_dir, log, args.feature_dtype)
         args.store = built["metis"]
         args.store_stream = args.store_stream or built["stream"]
     args.store = args.store or DEFAULT_STORE
