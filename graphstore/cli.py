@@ -142,6 +142,9 @@ def _parser() -> argparse.ArgumentParser:
     inf.add_argument("--normalize-features", choices=["none", "row"],
                      help="row-normalise the input features (default: what the trainer's checkpoint recorded)")
     inf.add_argument("--work-dir", metavar="D", help="scratch arrays here (default a temporary directory)")
+    inf.add_argument("--device", default="cpu", type=_device_name, metavar="DEV",
+                     help="where the layers run: cpu, cuda or cuda:N (default cpu); the store and the scratch "
+                          "arrays stay on the host, and the buffer's bytes are then the device's")
 
     ag = sub.add_parser("aggregate", help="store every node's aggregate of its in-neighbours' features "
                                           "(BatchGNN's aggregation cache), computed out of core",
@@ -190,6 +193,14 @@ def _parser() -> argparse.ArgumentParser:
     fig.add_argument("-o", "--out", required=True, metavar="OUT.png", help="the PNG to write")
     fig.add_argument("--dpi", type=positive_int, default=110, help="resolution (default 110)")
     return parser
+
+
+def _device_name(text: str) -> str:
+    """``graphstore infer --device``: its form checked while parsing (a usage error);
+    whether this machine has it, when the command runs (`resolve_device`)."""
+    if text != "cpu" and not (text == "cuda" or text.startswith("cuda:") and text[5:].isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} must be cpu, cuda or cuda:N")
+    return text
 
 
 def _outputs_file(text: str) -> str:
@@ -321,16 +332,17 @@ def _run_infer(args: argparse.Namespace) -> int:
     import numpy as np
 
     from graphstore.dataset import open_dataset
-    from graphstore.inference import InferenceStats, infer_layerwise, load_model
+    from graphstore.inference import InferenceStats, infer_layerwise, load_model, resolve_device
     from graphstore.nn import normalize_rows
 
+    device = resolve_device(args.device)  # no CUDA here: one line, before the store is opened
     with open_dataset(args.store) as store:
-        model, recorded = load_model(args.checkpoint, store)
+        model, recorded = load_model(args.checkpoint, store, device=device)
         nodes = None if args.split == "all" else np.asarray(store.read_node_split(args.split), dtype=np.int64)
         normalize = args.normalize_features or recorded.get("normalize_features", "none")
         stats = InferenceStats()
         logits = infer_layerwise(model, store, capacity=args.capacity, buffer_bytes=args.buffer_bytes,
-                                 nodes=nodes, stats=stats,
+                                 nodes=nodes, stats=stats, device=device,
                                  work_dir=args.work_dir, input_transform=normalize_rows if normalize == "row" else None)
         ids = np.arange(store.num_nodes) if nodes is None else nodes
         out = Path(args.out)
@@ -347,7 +359,8 @@ def _run_infer(args: argparse.Namespace) -> int:
             tmp.unlink(missing_ok=True)  # a failed write (disk full) leaves nothing behind
     print(f"{args.store}: {model.kind} x{model.num_layers} over every node, {len(ids):,} rows of {args.split!r} "
           f"to {out}; read {stats.bytes_read / 2**20:.1f} MiB (plan {stats.planned_bytes / 2**20:.1f} MiB), "
-          f"{'/'.join(map(str, stats.capacities))} partitions resident per layer, {stats.seconds:.1f} s")
+          f"{'/'.join(map(str, stats.capacities))} partitions resident per layer, {stats.seconds:.1f} s "
+          f"on {device}")
     return 0
 
 

@@ -5,7 +5,8 @@ computed the same way and stored (`aggregate`, ``graphstore aggregate``)."""
 
 from graphstore.inference.aggregate import AGGREGATE_INPUTS, aggregate_store
 from graphstore.inference.checkpoint import load_model, save_model
-from graphstore.inference.layerwise import InferenceStats, ScratchRows, infer_layerwise, min_buffer_bytes
+from graphstore.inference.layerwise import (InferenceStats, ScratchRows, infer_layerwise, min_buffer_bytes,
+                                            resolve_device)
 
 __all__ = ["AGGREGATE_INPUTS", "InferenceStats", "ScratchRows", "aggregate_store", "infer_layerwise", "load_model",
-           "min_buffer_bytes", "save_model"]
+           "min_buffer_bytes", "resolve_device", "save_model"]

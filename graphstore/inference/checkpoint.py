@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from graphstore.errors import ConfigError
+from graphstore.inference.layerwise import resolve_device
 from graphstore.layout.store import Store
 from graphstore.nn import GNN
 
@@ -31,19 +32,24 @@ def save_model(model: GNN, path: str | os.PathLike) -> None:
     os.replace(tmp, path)
 
 
-def load_model(path: str | os.PathLike, store: Store | None = None) -> tuple[GNN, dict[str, Any]]:
-    """The model in ``path`` and what was recorded with it (a trainer checkpoint: its
-    configuration, e.g. ``normalize_features``; a `save_model` file: nothing).
+def load_model(path: str | os.PathLike, store: Store | None = None, *,
+               device: str | torch.device = "cpu") -> tuple[GNN, dict[str, Any]]:
+    """The model in ``path``, on ``device`` (``"cpu"``, ``"cuda"`` or ``"cuda:N"``, where
+    `graphstore.inference.infer_layerwise` then runs its layers), and what was recorded
+    with it (a trainer checkpoint: its configuration, e.g. ``normalize_features``; a
+    `save_model` file: nothing). A checkpoint written on any device loads.
 
     Raises
     ------
     ConfigError
-        The file is missing, unreadable, or neither kind; a trainer checkpoint without
+        A device this machine does not have (`resolve_device`, checked before the file is
+        read); the file is missing, unreadable, or neither kind; a trainer checkpoint without
         ``store`` (its widths come from the store); or, with ``store``, a model that does
         not fit it (another store's checkpoint, an ``in_dim`` that is not the store's
         feature width, fewer RGCN relations than the store has): checked here, before any
         inference starts.
     """
+    device = resolve_device(device)
     path = Path(path)
     if path.is_dir():
         latest = path / "latest"
@@ -52,6 +58,7 @@ def load_model(path: str | os.PathLike, store: Store | None = None) -> tuple[GNN
         raise ConfigError(f"{path}: no model file (give a file from save_model, or a trainer's --checkpoint-dir)")
     try:
         # Our own files: a trainer checkpoint also holds RNG states and plain Python values.
+        # Read onto the host (a CUDA checkpoint loads where there is no CUDA), then moved.
         saved = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # a truncated or foreign file: say which
         raise ConfigError(f"{path}: cannot read the model ({exc})") from None
@@ -60,7 +67,7 @@ def load_model(path: str | os.PathLike, store: Store | None = None) -> tuple[GNN
         _load_weights(model, saved["state_dict"], path, "the file's own hyperparameters")
         if store is not None:
             _check_fits(model, store, path)
-        return model, {}
+        return model.to(device), {}
     if isinstance(saved, dict) and "model" in saved and isinstance(saved.get("config"), dict):
         config = saved["config"]
         if store is None:
@@ -73,7 +80,7 @@ def load_model(path: str | os.PathLike, store: Store | None = None) -> tuple[GNN
         _load_weights(model, saved["model"], path,
                       f"{store.path} ({store.feature_dim} features, {store.num_classes} classes; "
                       f"the checkpoint was trained on {trained_on})")
-        return model, config
+        return model.to(device), config
     raise ConfigError(f"{path}: not a graphstore model (neither save_model's format nor a trainer checkpoint)")
 
 

@@ -43,6 +43,14 @@ the disk works while the CPU aggregates. The capacity ``c`` is chosen per layer 
 budget and that layer's prepared widths, so narrow layers hold more partitions and re-read
 less; memory is bounded by the budget, not by the graph.
 
+The layer math runs where the model is (the CPU or a CUDA device; `infer_layerwise`'s
+``device``). Storage, scratch files and the reading threads stay on the host: on a device,
+each partition's input rows, a state's admitted prepared rows and accumulators and each
+piece's edges are read into pinned host buffers by the reading thread and copied to the
+device by the consumer, where the slots, the accumulators and the update's temporaries
+live; prepared rows, a spilled accumulator and a finished partition come back to the host
+to be written. The bytes read and written, and so `InferenceStats`, are the CPU's.
+
 Where this departs from the issue's design, and why: the walk reads partitions and buckets
 through the store's verified reads (`Store.read_many`) and its own scratch files rather
 than through `BufferManager`, because the buffer's slots hold the store's feature array
@@ -56,6 +64,7 @@ features are read once per layer instead of once per admission).
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import math
 import os
@@ -81,7 +90,7 @@ from graphstore.layout.dtypes import decode
 from graphstore.layout.store import Store
 from graphstore.nn import GNN, PartialAggregate, PartialSources, RGCNConv
 
-__all__ = ["InferenceStats", "ScratchRows", "infer_layerwise", "min_buffer_bytes"]
+__all__ = ["InferenceStats", "ScratchRows", "infer_layerwise", "min_buffer_bytes", "resolve_device"]
 
 EDGE_SHARE = 0.25
 """The share of the byte budget a walk gives to edges in flight (the rest holds slots of
@@ -194,7 +203,7 @@ def _spill(path: Path, acc: PartialAggregate) -> int:
     order, and the crc32 of the header and those bytes (uint32). The bytes go out from the
     tensors' own memory: an accumulator is a partition of rows, and a copy of it on the way
     (as ``np.savez`` makes, a zip member not being a file) would be memory the budget does
-    not count."""
+    not count. A device's accumulator goes out through one host copy of each stored field."""
     header, arrays = [], []
     for f in fields(acc):
         value = getattr(acc, f.name)
@@ -203,7 +212,9 @@ def _spill(path: Path, acc: PartialAggregate) -> int:
         stored = bool(value.any())
         header.append([f.name, str(value.dtype).removeprefix("torch."), list(value.shape), stored])
         if stored:
-            arrays.append(np.ascontiguousarray(value.numpy()))
+            # A device's accumulator comes to the host to be written; a host one is written
+            # from its own memory (``.cpu()`` of a host tensor is that tensor).
+            arrays.append(np.ascontiguousarray(value.cpu().numpy()))
     head = json.dumps(header).encode()
     crc = zlib.crc32(head)
     with open(path, "wb") as out:
@@ -267,32 +278,99 @@ except (OSError, AttributeError):  # not glibc: nothing to trim with
     _MALLOC_TRIM = None
 
 
-def _trim() -> None:
+def _trim(device: torch.device | None = None) -> None:
     """Hand the memory the C allocator holds free back to the system (glibc's
     ``malloc_trim``; elsewhere nothing). Between the passes: the prepare pass frees its
     partition-sized blocks into the heap, where glibc keeps them (its mmap threshold rises
     to the size of the blocks it has freed), and the walk's slots are new mappings that
     cannot reuse them, so without this the freed blocks would sit under the walk's budget.
-    Not per state: a trim walks every free chunk (milliseconds)."""
+    Not per state: a trim walks every free chunk (milliseconds). On a CUDA ``device`` the
+    caching allocator's free blocks go back too, for the same reason: each layer's slots
+    are of its own widths, and blocks cached from the last would sit beside them."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+    if device is not None and device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
-def _compact(layer) -> tuple[dict, dict]:
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (or such a `torch.device`) as a device of this
+    machine, with its index (``"cuda"``: the current CUDA device).
+
+    Raises
+    ------
+    ConfigError
+        Another kind of device, CUDA where torch sees none, or an index past the devices
+        there are.
+
+    Examples
+    --------
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        resolved = None
+    if resolved is None or resolved.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be cpu, cuda or cuda:N (got {str(device)!r})")
+    if resolved.type == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {str(device)!r}: torch sees no CUDA device on this machine (use cpu)")
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if resolved.index is None else resolved.index
+    if index >= count:
+        raise ConfigError(f"device {str(device)!r}: the CUDA index must be in [0, {count}) on this machine")
+    return torch.device("cuda", index)
+
+
+def _held_on(module: torch.nn.Module) -> torch.device | None:
+    """The one device of ``module``'s parameters and buffers (None: it has neither)."""
+    found = {t.device for t in itertools.chain(module.parameters(), module.buffers())}
+    if len(found) > 1:
+        raise ConfigError(f"the model is on several devices ({', '.join(sorted(map(str, found)))}); "
+                          "move it to one (model.to(device))")
+    return found.pop() if found else None
+
+
+def _run_device(model: torch.nn.Module, device: str | torch.device | None) -> torch.device:
+    """Where the layer math runs: ``device``, or the model's (the CPU for a weightless one).
+    The model is not moved: one given on another device than ``device`` is refused."""
+    held = _held_on(model)
+    if device is None:
+        return held if held is not None else torch.device("cpu")
+    device = resolve_device(device)
+    if held is not None and held != device:
+        raise ConfigError(f"device is {device} but the model is on {held} (move it first: model.to(device))")
+    return device
+
+
+def _staged(device: torch.device) -> bool:
+    """Whether the walk's rows reach the layer math through host buffers (a device's
+    memory: read into host staging, then copied) rather than being read straight into its
+    slots (the CPU). A test forces it on the CPU to run the device's path without one."""
+    return device.type != "cpu"
+
+
+def _compact(layer, device: torch.device | None = None) -> tuple[dict, dict]:
     """Extra arguments of ``partial_sources`` and ``partial_begin`` for one zero row: an RGCN
     runs in its compact form here (sums per destination with every relation's count known
     up front, input rows as sources where projecting them by every relation would widen
     them; `RGCNConv.partial_begin`), which `_Walk` feeds with each block's counts."""
     if not isinstance(layer, RGCNConv):
         return {}, {}
-    return {"compact": True}, {"relation_counts": torch.ones(1, layer.num_relations, dtype=torch.int32)}
+    return {"compact": True}, {"relation_counts": torch.ones(1, layer.num_relations, dtype=torch.int32,
+                                                            device=device)}
 
 
 def _acc_fields(layer) -> dict[str, torch.Tensor]:
     """The fields of a layer's accumulator but the self term, as one zero row's."""
+    device = _held_on(layer) or torch.device("cpu")  # a layer on CUDA takes its input there
     with torch.no_grad():
-        acc = layer.partial_begin(torch.zeros(1, layer.in_dim), degrees_dst=torch.zeros(1, dtype=torch.int64),
-                                  **_compact(layer)[1])
+        acc = layer.partial_begin(torch.zeros(1, layer.in_dim, device=device),
+                                  degrees_dst=torch.zeros(1, dtype=torch.int64, device=device),
+                                  **_compact(layer, device)[1])
     return {f.name: getattr(acc, f.name) for f in fields(acc)
             if f.name != "own" and getattr(acc, f.name) is not None}
 
@@ -300,9 +378,11 @@ def _acc_fields(layer) -> dict[str, torch.Tensor]:
 def _row_bytes(layer, kind: str) -> tuple[int, int, int]:
     """Bytes per node of a layer's prepared sources, of its accumulator (the self term
     excluded) and of its self term, read off the partial form of one zero row."""
+    device = _held_on(layer) or torch.device("cpu")
     with torch.no_grad():
-        h, degrees = torch.zeros(1, layer.in_dim), torch.zeros(1, dtype=torch.int64)
-        source_kw, begin_kw = _compact(layer)
+        h = torch.zeros(1, layer.in_dim, device=device)
+        degrees = torch.zeros(1, dtype=torch.int64, device=device)
+        source_kw, begin_kw = _compact(layer, device)
         sources = layer.partial_sources(h, degrees_src=degrees, **source_kw)
         acc = layer.partial_begin(h, degrees_dst=degrees, **begin_kw)
 
@@ -372,14 +452,16 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
                     input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
                     input_rows: Callable[[int], np.ndarray] | None = None,
                     output: Callable[[int, np.ndarray], None] | None = None,
-                    on_layer: Callable[[int, int, float], None] | None = None) -> np.ndarray | None:
+                    on_layer: Callable[[int, int, float], None] | None = None,
+                    device: str | torch.device | None = None) -> np.ndarray | None:
     """Every layer of ``model`` over the whole graph of ``store``, exactly (all neighbours,
     global in-degrees for GCN), out of core.
 
     Parameters
     ----------
     model : GNN
-        A trained `graphstore.nn.GNN` (run in eval mode; its mode is restored after).
+        A trained `graphstore.nn.GNN` (run in eval mode; its mode is restored after), on
+        the CPU or a CUDA device: the layer math runs where its parameters are.
     store : Store
         The store with the features the model was trained on.
     capacity : int, optional
@@ -393,7 +475,12 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
         Default, when neither is given: what a quarter of the partitions' first-layer input
         rows take, or `min_buffer_bytes` when more. Not counted: the process itself (the
         interpreter, torch, the store's maps) and the window of a cut bucket's edges read
-        at once (at most one edge chunk, 4 MiB, per edge array).
+        at once (at most one edge chunk, 4 MiB, per edge array). On CUDA the budget is
+        device memory (the slots of prepared rows and accumulators, a piece's edges, the
+        updates' temporaries, the prepare pass's partition), plus host staging it does not
+        count: pinned copies of a state's admitted rows and accumulators and of a piece's
+        edges (the next ones too, read ahead), and of a partition's input rows in the
+        prepare pass, blocks that torch's pinned allocator keeps for reuse.
     work_dir : path, optional
         Where the scratch arrays and accumulators go: a new ``graphstore-infer-*``
         directory inside it (the system's temporary directory by default), removed afterwards
@@ -408,7 +495,7 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
         Read the next partition or state in a background thread.
     input_transform : callable, optional
         Applied to each partition's feature rows as they are read (e.g. the trainers'
-        row normalisation, which training applied per batch).
+        row normalisation, which training applied per batch), on the model's device.
     input_rows : callable, optional
         ``k -> [P_k, in_dim]`` the first layer's input rows of partition k, instead of the
         store's features (e.g. learnable embeddings: ``table.read_partition(k)[:, 0]``).
@@ -420,12 +507,25 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
     on_layer : callable, optional
         ``(layer, num_layers, seconds) -> None`` after each layer (1-based), for a
         progress display: a layer is a pass over the whole store.
+    device : str or torch.device, optional
+        ``"cpu"``, ``"cuda"`` or ``"cuda:N"``: where the layer math runs (`resolve_device`).
+        Default: where the model's parameters are (the CPU for a weightless model such
+        as `graphstore.nn.AggregationModel`). A model with parameters elsewhere is refused,
+        not moved. Rows are read on the host, copied to the device for each partition and
+        piece, and its outputs come back to the host (the scratch rows, the result);
+        `InferenceStats` counts the bytes of the store and scratch IO, never the copies.
 
     Returns
     -------
     numpy.ndarray or None
         float32 [len(nodes) or N, out_dim]: the last layer's output (logits, or node
-        embeddings for a link-prediction encoder); None with ``output``.
+        embeddings for a link-prediction encoder), on the host; None with ``output``.
+
+    Raises
+    ------
+    ConfigError
+        A store without what the model reads, capacity and buffer_bytes both given, a
+        budget below `min_buffer_bytes`, or a device that is not the model's or not here.
     """
     if input_rows is None and not store.manifest.has_features:
         raise ConfigError(f"{store.path}: layer-wise inference needs the store's features")
@@ -435,6 +535,7 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
         raise ConfigError("give capacity (partitions) or buffer_bytes (a byte budget), not both")
     if output is not None and nodes is not None:
         raise ConfigError("give nodes (return their rows) or output (stream every partition), not both")
+    device = _run_device(model, device)  # refused before anything is read
     p, P = store.num_partitions, store.partition_size
     if capacity is not None and capacity < min(2, p):
         raise ConfigError(f"capacity must be at least 2 partitions (got {capacity})")
@@ -450,7 +551,7 @@ def infer_layerwise(model: GNN, store: Store, *, capacity: int | None = None, bu
     root = Path(tempfile.mkdtemp(prefix="graphstore-infer-", dir=work_dir))
     was_training = model.training
     model.eval()
-    walk = _Walk(model, store, root, stats, seed=seed, prefetch=prefetch)
+    walk = _Walk(model, store, root, stats, seed=seed, prefetch=prefetch, device=device)
     source: ScratchRows | None = None  # None: the store's features (or input_rows)
     target: ScratchRows | None = None
     try:
@@ -498,10 +599,16 @@ class _State:
     its first piece, and a piece of its edges)."""
 
     accs: dict[int, PartialAggregate]
-    """Admitted partitions' accumulators (unfinished ones), read back."""
+    """Admitted partitions' accumulators (unfinished ones), read back: views of their slots
+    (on a device, filled by ``copies``)."""
     pieces: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
     """Per destination partition j: its in-edges of this step as (rows of the source
-    slots, rows of j, relations or None), int64 [E_j] each."""
+    slots, rows of j, relations or None), int64 [E_j] each, on the host (pinned for CUDA;
+    the consumer copies them to the device)."""
+    copies: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    """A device's admissions: (slot rows on the device, the same rows read into host
+    staging), prepared rows and accumulators, for the consumer to copy before the step's
+    updates. Empty on the CPU, where the loader reads straight into the slots."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -581,9 +688,14 @@ class _Walk:
     """One layer at a time: the prepare pass, then the aggregation walk (module docstring)."""
 
     def __init__(self, model: GNN, store: Store, root: Path, stats: InferenceStats, *, seed: int,
-                 prefetch: bool) -> None:
+                 prefetch: bool, device: torch.device | None = None) -> None:
         self.model, self.store, self.root, self.stats = model, store, root, stats
         self.seed, self.prefetch = seed, prefetch
+        self.device = device if device is not None else _held_on(model) or torch.device("cpu")
+        self.staged = _staged(self.device)
+        # Page-locked staging on CUDA: the loader thread fills it, and the consumer's copy
+        # is then a DMA it does not wait on.
+        self.pin = self.device.type == "cuda"
         self._lock = threading.Lock()  # the loader thread and this one both count
         p = store.num_partitions
         self.sizes = np.diff(store.bucket_offsets).reshape(p, p).T  # sizes[i, j]: edges of bucket (i, j)
@@ -596,6 +708,24 @@ class _Walk:
         with self._lock:
             for name, value in counts.items():
                 setattr(self.stats, name, getattr(self.stats, name) + value)
+
+    def _host(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A host buffer for rows on their way to the device (pinned on CUDA). It may be
+        dropped once its copy is issued: torch's pinned allocator does not hand the block
+        out again before the copy is done."""
+        return torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+
+    def _pinned(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (host), copied into pinned memory on CUDA: done by the loader thread,
+        so that the consumer's copy to the device does not wait on pageable memory."""
+        return tensor.pin_memory() if self.pin else tensor
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on the walk's device (itself on the CPU). Asynchronous from pinned
+        memory (from pageable memory a copy is synchronous anyway): every later use is on
+        the same stream, and what comes back to the host (`_finish`, `_spill`, the
+        prepared rows) is a synchronous copy after it."""
+        return tensor.to(self.device, non_blocking=self.pin and tensor.is_pinned())
 
     # ------------------------------------------------------------------ pass 1: prepare
 
@@ -627,7 +757,7 @@ class _Walk:
             block = decode(block, store.manifest.feature_dtype) if stored else np.asarray(block, dtype=np.float32)
             deg = store.read_rows("nodes/in_degree", *store.partition_range(k)) if gcn else None
             counts = self._relation_counts(k, layer.num_relations) if rgcn else None
-            return block, deg, counts, read_bytes
+            return self._pinned(torch.from_numpy(block)), deg, counts, read_bytes
 
         try:
             with torch.no_grad(), _Pipeline(read_input, p, prefetch=self.prefetch) as pipe:
@@ -636,11 +766,13 @@ class _Walk:
                     pipe.start(k + 1)
                     nbytes = read_bytes + (0 if deg is None else deg.nbytes) + self._count_bytes(k, counts)
                     self._add(bytes_read=nbytes, planned_bytes=nbytes)
-                    rows = torch.from_numpy(block)
+                    rows = self._to_device(block)
                     if transform is not None:
                         rows = transform(rows)
-                    degrees = None if deg is None else torch.from_numpy(np.asarray(deg, dtype=np.int64))
-                    begin_kw = {} if counts is None else {"relation_counts": torch.from_numpy(counts)}
+                    degrees = None if deg is None else self._to_device(
+                        torch.from_numpy(np.asarray(deg, dtype=np.int64)))
+                    begin_kw = {} if counts is None else {
+                        "relation_counts": self._to_device(torch.from_numpy(counts))}
                     sources = layer.partial_sources(rows, degrees_src=degrees, **source_kw)
                     acc = layer.partial_begin(rows, degrees_dst=degrees, **begin_kw)
                     del rows, block
@@ -651,14 +783,15 @@ class _Walk:
                         if f.name not in prepared:
                             prepared[f.name] = ScratchRows(self.root / f"sources{l}.{f.name}.npy", store.num_nodes,
                                                            tuple(value.shape[1:]), store.partition_size)
-                        self._add(bytes_written=prepared[f.name].write(k, value.numpy()))
+                        # Back to the host for the scratch rows (a host tensor is itself).
+                        self._add(bytes_written=prepared[f.name].write(k, value.cpu().numpy()))
                     if acc.own is not None:
                         # The self term is needed once, when the partition finishes: it waits in
                         # a scratch array, not in the accumulator that travels with every swap.
                         if self.own is None:
                             self.own = ScratchRows(self.root / f"own{l}.npy", store.num_nodes, tuple(acc.own.shape[1:]),
                                                    store.partition_size)
-                        self._add(bytes_written=self.own.write(k, acc.own.numpy()))
+                        self._add(bytes_written=self.own.write(k, acc.own.cpu().numpy()))
                         acc.own = None
                     if self.remaining[k] == 0:  # no in-edges at all: its output is the self term's
                         self._finish(k, acc)
@@ -668,9 +801,9 @@ class _Walk:
                     # Nothing of partition k may outlive its turn: the walk's budget does not
                     # count a prepare pass's rows.
                     del sources, acc, deg, degrees, counts, begin_kw
-            _trim()
+            _trim(self.device)
             self._aggregate(prepared, capacity, buffer_bytes)
-            _trim()
+            _trim(self.device)
         finally:
             for rows in [*prepared.values(), *([self.own] if self.own is not None else [])]:
                 rows.close()
@@ -702,12 +835,12 @@ class _Walk:
 
     def _finish(self, k: int, acc: PartialAggregate) -> None:
         if self.own is not None:
-            acc.own = torch.from_numpy(self.own.read(k))
+            acc.own = self._to_device(torch.from_numpy(self.own.read(k)))
             self._add(bytes_read=acc.own.numel() * 4, planned_bytes=acc.own.numel() * 4)
         y = self.layer_.partial_finish(acc)
         if not self.last:
             y = self.model.activation(y)
-        self._add(bytes_written=self.target.write(k, y.numpy()))
+        self._add(bytes_written=self.target.write(k, y.cpu().numpy()))
         self.finished[k] = True
 
     # ------------------------------------------------------------------ pass 2: aggregate
@@ -853,35 +986,50 @@ class _Walk:
         slot_plan = assign_slots(states, num_slots, prefetch=self.prefetch)
         steps = self._pieces(states, state_of, piece_edges)
         # Every prepared field's slots: slot z holds a partition's rows at [z * P, (z + 1) * P).
-        slots = {name: torch.empty(num_slots * P, *r.shape) for name, r in prepared.items()}
+        slots = {name: torch.empty(num_slots * P, *r.shape, device=self.device)
+                 for name, r in prepared.items()}
         sources = PartialSources(**slots)
         # The accumulators live in slots too, read back into the slot of their partition:
         # allocated once, they are the slot bytes the budget counts, not a partition-sized
         # allocation per admission for the allocator to keep when it is freed.
-        acc_slots = {name: torch.empty(num_slots * P, *value.shape[1:], dtype=value.dtype)
+        acc_slots = {name: torch.empty(num_slots * P, *value.shape[1:], dtype=value.dtype, device=self.device)
                      for name, value in _acc_fields(layer).items()}
         offsets = store.bucket_offsets
         finished = self.finished
         windows = _EdgeWindows(store, self.edge_names, self.window_edges)
         update_edges = self._costs(layer).update_edges
         names = len(self.edge_names)
+        staged = self.staged
 
         def load(t: int) -> _State:
             s, ranges = steps[t]
             where = dict(zip(states[s], slot_plan.slots[s]))
-            accs = {}
+            accs, copies = {}, []
             if t == 0 or steps[t - 1][0] != s:  # the state's first step admits its partitions
                 for k in slot_plan.admitted[s]:
                     start, stop = store.partition_range(k)
                     z = where[k]
                     for name, rows in prepared.items():
-                        out = slots[name][z * P:z * P + stop - start].numpy()
+                        slot = slots[name][z * P:z * P + stop - start]
+                        # On the CPU straight into the slot; for a device into host staging,
+                        # copied into the slot by the consumer (`_State.copies`).
+                        into = self._host(slot.shape) if staged else slot
+                        out = into.numpy()
                         rows.read(k, out)
                         self._add(bytes_read=out.nbytes, planned_bytes=out.nbytes)
+                        if staged:
+                            copies.append((slot, into))
                     if not finished[k]:
-                        into = {name: a[z * P:z * P + stop - start] for name, a in acc_slots.items()}
+                        here = {name: a[z * P:z * P + stop - start] for name, a in acc_slots.items()}
+                        into = ({name: self._host(a.shape, a.dtype) for name, a in here.items()}
+                                if staged else here)
                         accs[k], nbytes = _restore(root / f"acc{k}.bin", into)
                         self._add(bytes_read=nbytes)
+                        if staged:  # the accumulator is made of its slot's rows, filled by the copies
+                            restored = {f.name: getattr(accs[k], f.name) for f in fields(accs[k])
+                                        if getattr(accs[k], f.name) is not None}
+                            copies.extend((here[name], value) for name, value in restored.items())
+                            accs[k] = PartialAggregate(**{name: here[name] for name in restored})
             # Whole buckets in coalesced requests of exactly their bytes; ranges of a cut
             # bucket from its window.
             whole_buckets = [b for b, lo, hi in ranges if (lo, hi) == (offsets[b], offsets[b + 1])]
@@ -913,9 +1061,9 @@ class _Walk:
             for j, parts in per_dst.items():
                 src, dst, rel = (None if x[0] is None else x[0] if len(x) == 1 else np.concatenate(x)
                                  for x in zip(*parts))
-                pieces[j] = (torch.from_numpy(src), torch.from_numpy(dst),
-                             None if rel is None else torch.from_numpy(rel.astype(np.int64)))
-            return _State(accs, pieces)
+                pieces[j] = tuple(None if x is None else self._pinned(torch.from_numpy(x))
+                                  for x in (src, dst, None if rel is None else rel.astype(np.int64)))
+            return _State(accs, pieces, copies)
 
         accs: dict[int, PartialAggregate] = {}
 
@@ -939,8 +1087,11 @@ class _Walk:
                     # partitions leaving them are done with until they are read back.
                     make_room(t + 1)
                 pipe.start(t + 1)
+                for slot, host in loaded.copies:  # before this step's updates, on their stream
+                    slot.copy_(host, non_blocking=self.pin)
                 accs.update(loaded.accs)
-                for j, (src, dst, rel) in loaded.pieces.items():
+                for j, piece in loaded.pieces.items():
+                    src, dst, rel = (None if x is None else self._to_device(x) for x in piece)
                     # In equal runs of edges: the temporaries of an update (a gathered row per
                     # edge) are then one size, which the allocator reuses, where pieces of
                     # every size would leave it holding freed blocks of every size.
