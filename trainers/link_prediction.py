@@ -661,16 +661,13 @@ class Trainer:
     def _exact_representations(self) -> torch.Tensor:
         """The encoder over every node, layer by layer from the store (`infer_layerwise`):
         inputs are the embeddings the table holds, or the store's features."""
-        encoder = self.model.encoder.cpu()
+        encoder = self.model.encoder  # on the training device: the layers run where it is
         rows = (lambda k: self.table.read_partition(k)[:, 0]) if self.use_embeddings else None
-        try:
-            # The memory the training buffer's input rows take (or the least the inference needs).
-            width = encoder.layers[0].in_dim
-            budget = max(max(2, self.loader.capacity) * self.store.partition_size * width * 4,
-                         min_buffer_bytes(encoder, self.store))
-            return torch.from_numpy(infer_layerwise(encoder, self.store, buffer_bytes=budget, input_rows=rows))
-        finally:
-            encoder.to(self.device)
+        # The memory the training buffer's input rows take (or the least the inference needs).
+        width = encoder.layers[0].in_dim
+        budget = max(max(2, self.loader.capacity) * self.store.partition_size * width * 4,
+                     min_buffer_bytes(encoder, self.store))
+        return torch.from_numpy(infer_layerwise(encoder, self.store, buffer_bytes=budget, input_rows=rows))
 
     def _known(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         srcs, dsts, rels = [], [], []

@@ -670,11 +670,8 @@ def evaluate_splits(model, store, loaders: Mapping[str, NodeLoader], config: Nod
                     splits: Sequence[str]) -> tuple[dict[str, dict[str, float]], dict]:
     """Accuracy and loss of ``splits`` by the configured evaluation, and its IO."""
     if config.eval_scheme == "exact":
-        model.cpu()
-        try:
-            return evaluate_exact(model, store, config.eval_buffer_bytes, args, splits=splits)
-        finally:
-            model.to(device)
+        # On the training device: infer_layerwise runs the layers where the model is.
+        return evaluate_exact(model, store, config.eval_buffer_bytes, args, splits=splits)
     scores = {split: evaluate(model, loaders[split], epoch, device, args) for split in splits}
     return scores, common.io_stats([loaders[split].last_stats for split in splits])
 

@@ -1,6 +1,7 @@
 """The trainers with ``--device cuda``: every node-classification scheme and link prediction
 (minibatch with a GNN encoder; disk with learnable embeddings written back to the store and
-read again) for 2 epochs, each beside the same run on the CPU.
+read again) for 2 epochs, each beside the same run on the CPU; link prediction's exact
+encoder evaluation on the device beside its in-memory one.
 
 Same seed, same batches (the loaders' batches depend on (seed, epoch) alone, whatever the
 number of loader threads), no dropout: the two runs differ by float rounding only, so the
@@ -114,6 +115,25 @@ def test_link_prediction_minibatch_with_an_encoder_on_cuda(kg_store, tmp_path):
     print(f"minibatch+sage: test MRR cpu {mrr[0]:.4f}, {DEVICE.type} {mrr[1]:.4f}")
     assert abs(mrr[1] - mrr[0]) <= NOISE
     assert mrr[1] > 1.5 * random_mrr(graphstore.open(kg_store).num_nodes)
+
+
+def test_link_prediction_exact_encoder_evaluation_on_cuda(kg_store, tmp_path):
+    """``--eval-encoder exact`` with the encoder on the device (`infer_layerwise` runs it
+    there, from the store, two partitions resident) ranks as the whole-graph encoder in
+    device memory does: the same trained model, scored two ways."""
+    stores, runs = two_copies(kg_store, tmp_path), {}
+    for (label, _), mode in zip(devices(), ("exact", "memory")):
+        out = tmp_path / f"{mode}.json"
+        assert run_lp(["--store", stores[label], "--scheme", "disk", "--buffer-partitions", 2, "--encoder", "sage",
+                       "--model", "distmult", "--fanouts", "5,5", "--optimizer", "adam", "--lr", 0.01, *LINK,
+                       "--epochs", 1, "--device", DEVICE.type, "--eval-encoder", mode,
+                       "--metrics-out", out]) == 0, mode
+        runs[mode] = metrics(out)
+    exact, memory = runs["exact"], runs["memory"]
+    assert exact["config"]["device"] == DEVICE.type and exact["config"]["eval_encoder"] == "exact"
+    for split in ("valid", "test"):
+        for metric, value in memory["final"][split].items():
+            assert exact["final"][split][metric] == pytest.approx(value, abs=2e-3), (split, metric)
 
 
 def test_link_prediction_disk_embeddings_written_back_from_cuda_and_read_again(kg_store, tmp_path):
