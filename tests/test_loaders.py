@@ -245,6 +245,27 @@ def test_an_epoch_is_the_same_whatever_the_memory_holds(store, scheme):
     assert batches(carried, 2) == batches(fresh, 2)
 
 
+@pytest.mark.parametrize("scheme", ["megabatch", "disk"])
+def test_released_memory_is_freed_and_the_next_epoch_is_unchanged(store, scheme):
+    """Exact evaluation frees the training buffer's slots when both would not fit the
+    budget: the slots go (held_bytes 0), and the next epoch reads its first state again
+    and draws exactly what it would have."""
+    def batches(loader, epoch):
+        return [(b.store_ids.tolist(), b.dense.nbrs.tolist(), b.features.numpy().tobytes())
+                for b in loader.epoch(epoch)]
+
+    kept = NodeLoader(store, split="train", fanouts=(3, 2), batch_size=40, scheme=scheme, seed=4)
+    released = NodeLoader(store, split="train", fanouts=(3, 2), batch_size=40, scheme=scheme, seed=4)
+    batches(kept, 0)
+    batches(released, 0)
+    held = released.held_bytes
+    assert held > 0 and released.release_memory() == held and released.held_bytes == 0
+    assert released.release_memory() == 0  # nothing left to free
+    assert batches(released, 1) == batches(kept, 1)
+    # The released loader read its first state again; the other found it resident.
+    assert released.last_stats.bytes_read > kept.last_stats.bytes_read
+
+
 def test_edge_epochs_are_the_same_whatever_the_memory_holds(store):
     def batches(loader, epoch):
         out = []

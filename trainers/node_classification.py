@@ -670,6 +670,16 @@ def evaluate_splits(model, store, loaders: Mapping[str, NodeLoader], config: Nod
                     splits: Sequence[str]) -> tuple[dict[str, dict[str, float]], dict]:
     """Accuracy and loss of ``splits`` by the configured evaluation, and its IO."""
     if config.eval_scheme == "exact":
+        # The evaluation's budget and the training buffer's slots together must stay within
+        # the run's budget: free the slots (the next epoch reads its first state again)
+        # when they would not.
+        budget = args.buffer_bytes
+        if budget is not None and "micro_batch_budget" in config.derived:
+            budget += args.micro_batch_budget  # the step's share is not in use while evaluating
+        train = loaders.get("train")
+        if (train is not None and budget is not None and config.eval_buffer_bytes is not None
+                and train.held_bytes + config.eval_buffer_bytes > budget):
+            train.release_memory()
         # On the training device: infer_layerwise runs the layers where the model is.
         return evaluate_exact(model, store, config.eval_buffer_bytes, args, splits=splits)
     scores = {split: evaluate(model, loaders[split], epoch, device, args) for split in splits}

@@ -256,6 +256,13 @@ class BufferMemory:
         return cls(int(num_slots), P, features, labels, embeddings, int(cache_rows),
                    holder=[-1] * int(num_slots), dirty=[False] * int(num_slots), edges=edges)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the slot tensors and edge regions (reserved; the edge regions' pages are
+        touched only where buckets were read)."""
+        tensors = [t for t in (self.features, self.labels, self.embeddings) if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors) + sum(a.nbytes for a in self.edges.values())
+
     def forget(self) -> None:
         """Mark every slot empty, so the next manager reads its partitions again: for a
         data-parallel rank whose partitions other ranks update in the store between its

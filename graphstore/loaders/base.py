@@ -144,6 +144,19 @@ class BufferedLoader:
         """Called once ``self.capacity`` is known, before the plan is made (a subclass's
         defaults that depend on it)."""
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of buffer slots held between epochs (0 for macro-batching's structure walk,
+        whose structure is built once for the run)."""
+        memory = getattr(self.walk, "memory", None)
+        return 0 if memory is None else memory.nbytes
+
+    def release_memory(self) -> int:
+        """Free the buffer slots held between epochs (`BufferWalk.release`): the next epoch
+        reads its first state again. Returns the bytes freed."""
+        release = getattr(self.walk, "release", None)
+        return 0 if release is None else release()
+
     def plan(self, epoch: int) -> EpochPlan:
         """The epoch's `EpochPlan` (a pure function of the settings and ``epoch``)."""
         return self.planner.plan(epoch)

@@ -28,6 +28,7 @@ samples nothing another rank trains.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -195,6 +196,23 @@ class BufferWalk:
         self.shard, self.write_back = shard, write_back
         self.memory: BufferMemory | None = None
         self.epoch_stats: list[BufferStats] = []
+
+    def release(self) -> int:
+        """Free the slot memory kept between epochs (the next epoch allocates it and reads
+        its partitions again); the bytes it held. For a phase that needs the memory, such
+        as exact evaluation within the same budget."""
+        memory, self.memory = self.memory, None
+        if memory is None:
+            return 0
+        if memory.in_use or any(memory.dirty):
+            self.memory = memory
+            raise ConfigError("the buffer's memory is in use (mid-epoch, or embeddings not written back)")
+        nbytes = memory.nbytes
+        del memory
+        # The last epoch's manager still reaches the slots through a reference cycle (its
+        # loader and hand-off refer to each other) that only the cycle collector frees.
+        gc.collect()
+        return nbytes
 
     def _mine(self, plan: EpochPlan, round: int | None = None) -> Sequence[int]:
         """The plan's states this rank loads: with rounds, its states of ``round``; else
