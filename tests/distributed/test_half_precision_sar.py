@@ -27,3 +27,23 @@ def test_two_ranks_train_a_half_store_as_its_float32_reference(tmp_path, dtype):
         runs[name] = json.loads(out.read_text())
     losses = [[e["loss"] for e in runs[name]["epochs"]] for name in ("half", "ref")]
     assert losses[0] == losses[1] and losses[0][-1] < losses[0][0]
+
+
+def test_partitioned_fetch_of_a_bfloat16_store_serves_its_numbers(tmp_path):
+    """Data-parallel macro-batching with the rows partitioned over two ranks (BatchGNN's
+    fetch): a bfloat16 store trains as the float32 store of the same values (its uint16
+    bits decoded, not converted as integers)."""
+    features, labels = source_rows(num_nodes=600)
+    half = convert(write_source(tmp_path / "src", features, labels), tmp_path / "h.gs", "bfloat16")
+    ref = convert(upcast_source(tmp_path / "ref", features, labels, "bfloat16"), tmp_path / "r.gs", "float32")
+    runs = {}
+    for name, store in (("half", half), ("ref", ref)):
+        out = tmp_path / f"{name}.json"
+        done = torchrun(2, REPO / "trainers" / "node_classification.py", "--store", store, "--scheme", "macrobatch",
+                        "--feature-placement", "partitioned", "--epochs", 2, "--fanouts", "5,5", "--hidden", 8,
+                        "--normalize-features", "none", "--seed", 0, "--metrics-out", out, timeout=110)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[name] = json.loads(out.read_text())
+    losses = [[e["train_loss"] for e in runs[name]["epochs"]] for name in ("half", "ref")]
+    assert losses[0] == losses[1]
+    assert runs["half"]["final"]["test"] == runs["ref"]["final"]["test"]
