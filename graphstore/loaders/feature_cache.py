@@ -68,7 +68,8 @@ class FeatureCache:
     policy : {"belady", "lru"}
         What to keep; see the module docstring.
     dtype : numpy dtype
-        Of the rows, as fetched (float16 features stay float16: half the bytes, twice the rows).
+        Of the rows, as fetched (float16 features stay float16, bfloat16 its uint16 bits: half
+        the bytes, twice the rows).
     """
 
     def __init__(self, dim: int, capacity_bytes: int, policy: str = "belady", dtype=np.float32) -> None:

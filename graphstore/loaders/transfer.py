@@ -15,7 +15,8 @@ Each device tensor is marked as used by the compute stream (``record_stream``), 
 caching allocator does not hand its memory to another tensor while a step may still read
 it. Which fields move: a `NodeBatch`'s ``features``, ``labels``, ``dense``, ``aggregated``
 and ``class_weights``; its resident ``graph`` stays on the host (its ids index host tables).
-Handed on as they are: a batch split into micro-batches (each micro-batch moves as it
+Features cross in the dtype the store holds (float16 and bfloat16 rows: half the bytes of
+float32); the model widens them on the device. Handed on as they are: a batch split into micro-batches (each micro-batch moves as it
 runs, so the device holds one, which is what a micro-batch budget counts), and link
 prediction's `EdgeBatch` (its ids index the embedding rows the buffer holds on the host;
 the trainer moves what the model reads).

@@ -683,7 +683,8 @@ class GNN(nn.Module):
         ----------
         h : float tensor [N, in_dim]
             Input rows: in ``dense.node_ids`` order, or ``blocks[0].src_nodes`` order; any
-            float dtype (a float16 store's rows as read), cast to the model's.
+            float dtype (a float16 or bfloat16 store's rows as read, on the device they were
+            copied to in that dtype), cast to the model's here, where the compute needs it.
         structure : DENSE or list of Block
             Layer ``k`` reads ``dense.layer(k)`` or ``blocks[k]``.
         edge_type : int64 tensor or sequence of them, RGCN only
