@@ -1106,8 +1106,11 @@ class Bench:
     in a child process and keeps their rows."""
 
     def __init__(self, args, *, store, stream, stores: dict, log) -> None:
+        from graphstore.layout.dtypes import storage_dtype
+
         self.args, self.iso, self.stores, self.log, self.stream = args, args.iso, stores, log, stream
-        self.feature_bytes = store.num_nodes * store.feature_dim * 4
+        # As stored: a float16 store's features are half the bytes (and --quick's cap scales with them).
+        self.feature_bytes = store.num_nodes * store.feature_dim * storage_dtype(store.manifest.feature_dtype).itemsize
         if args.cap_mib is None:
             args.cap_mib = quick_cap_mib(self.feature_bytes, args.process_mib) if args.quick else 1024
         self.cap = args.cap_mib << 20

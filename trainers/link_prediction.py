@@ -430,7 +430,7 @@ def batch_loss(model: torch.nn.Module, batch: EdgeBatch, *, use_embeddings: bool
     def inputs(ids: torch.Tensor) -> torch.Tensor:
         if use_embeddings:
             return g.embeddings[ids, 0].to(device=device, dtype=dtype).requires_grad_(True)
-        return g.features[ids].to(device=device, dtype=dtype)
+        return g.features[ids].to(device).to(dtype)  # half rows cross as stored, widened on the device
 
     rel = batch.rel.to(device)
     chunk_of = negs.chunk_of.to(device)
