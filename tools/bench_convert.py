@@ -14,6 +14,11 @@ every feature byte twice when the store order differs from the source order (onc
 a per-partition staging file, once into the store): the ``sequential`` partitioner,
 whose store order is the source order, shows the cost without that copy.
 
+The edge phase (``write edges``: staged edges mapped to store ids, grouped by destination
+partition, sorted, merged, written as buckets with degrees) is reported on its own too:
+staged edges per second, and the bytes it writes into the store (``edges/*``,
+``nodes/in_degree``, ``nodes/out_degree``) per second against the disk's write speed.
+
 Needs root (drop_caches, cgroups). Usage::
 
     python tools/bench_convert.py --json out.json [--quick] [--cap-mib 1024 --feature-gib 3.5]
@@ -87,6 +92,7 @@ def convert_once(dataset: Path, out: Path, method: str, cap_bytes: int | None, *
         run.update(store_bytes=info["bytes_on_disk"], num_partitions=info["num_partitions"],
                    num_edges=info["num_edges"], edge_cut=info["edge_cut"],
                    phase_seconds=info["conversion"]["seconds"])
+        run["edge_phase"] = edge_phase(info, disk)
         run["feature_bytes_per_s"] = feature_bytes / run["seconds"]
         run["store_bytes_per_s"] = run["store_bytes"] / run["seconds"]
         run["feature_throughput_vs_disk_write"] = run["feature_bytes_per_s"] / disk["write_bytes_per_s"]
@@ -95,13 +101,35 @@ def convert_once(dataset: Path, out: Path, method: str, cap_bytes: int | None, *
     return run
 
 
+EDGE_PHASE_ARRAYS = ("edges/src", "edges/dst", "edges/rel", "edges/bucket_offsets", "nodes/in_degree",
+                     "nodes/out_degree")
+"""What the edge phase writes into the store."""
+
+
+def edge_phase(info: dict, disk: dict) -> dict:
+    """The ``write edges`` phase of one conversion (``graphstore info --json`` of its store):
+    seconds, staged and stored edges per second, and the bytes it wrote into the store per
+    second, also as a fraction of the disk's sequential write speed."""
+    seconds = info["conversion"]["seconds"]["write edges"]
+    staged = info["conversion"]["staged_edges"]
+    written = sum(info["arrays"][name]["bytes_on_disk"] for name in EDGE_PHASE_ARRAYS if name in info["arrays"])
+    return {"seconds": seconds, "staged_edges": staged, "stored_edges": info["num_edges"],
+            "staged_edges_per_s": staged / seconds, "stored_edges_per_s": info["num_edges"] / seconds,
+            "store_bytes": written, "store_bytes_per_s": written / seconds,
+            "store_bytes_vs_disk_write": written / seconds / disk["write_bytes_per_s"]}
+
+
 def print_run(run: dict) -> None:
     method = run["partitioner"]
     cgroup = f"cgroup peak {run['cgroup_peak_bytes'] / 2**20:.0f} MiB" if run["capped"] else "no cap"
     print(f"{method:10s} rc={run['returncode']} {run['seconds']:.1f} s, peak RSS "
           f"{run['peak_rss_bytes'] / 2**20:.0f} MiB, {cgroup}, "
           + (f"features {run['feature_bytes_per_s'] / 1e6:.0f} MB/s "
-             f"({run['feature_throughput_vs_disk_write']:.2f}x disk write), edge cut {run['edge_cut']:.1%}"
+             f"({run['feature_throughput_vs_disk_write']:.2f}x disk write), edge cut {run['edge_cut']:.1%}; "
+             f"edge phase {run['edge_phase']['seconds']:.1f} s, "
+             f"{run['edge_phase']['staged_edges_per_s'] / 1e6:.1f}M staged edges/s, "
+             f"{run['edge_phase']['store_bytes_per_s'] / 1e6:.0f} MB/s into the store "
+             f"({run['edge_phase']['store_bytes_vs_disk_write']:.2f}x disk write)"
              if run["returncode"] == 0 else run["stderr"][-300:]), flush=True)
 
 

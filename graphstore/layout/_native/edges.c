@@ -28,6 +28,7 @@
  */
 
 #define _XOPEN_SOURCE 700 /* pread, pwrite, posix_fadvise */
+#define _FILE_OFFSET_BITS 64 /* offsets past 2 GiB on 32-bit systems too */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
