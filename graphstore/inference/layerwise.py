@@ -63,7 +63,6 @@ features are read once per layer instead of once per admission).
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import json
 import math
@@ -85,6 +84,7 @@ import torch
 from graphstore.buffer.manager import _bucket_spans
 from graphstore.buffer.policies import plan_epoch
 from graphstore.buffer.slots import assign_slots, slots_needed
+from graphstore._heap import trim_heap
 from graphstore.errors import ConfigError, CorruptStoreError
 from graphstore.layout.dtypes import decode
 from graphstore.layout.store import Store
@@ -272,12 +272,6 @@ def _restore(path: Path, out: dict[str, torch.Tensor] | None = None) -> tuple[Pa
     return PartialAggregate(**values), nbytes
 
 
-try:
-    _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-except (OSError, AttributeError):  # not glibc: nothing to trim with
-    _MALLOC_TRIM = None
-
-
 def _trim(device: torch.device | None = None) -> None:
     """Hand the memory the C allocator holds free back to the system (glibc's
     ``malloc_trim``; elsewhere nothing). Between the passes: the prepare pass frees its
@@ -287,8 +281,7 @@ def _trim(device: torch.device | None = None) -> None:
     Not per state: a trim walks every free chunk (milliseconds). On a CUDA ``device`` the
     caching allocator's free blocks go back too, for the same reason: each layer's slots
     are of its own widths, and blocks cached from the last would sit beside them."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+    trim_heap()
     if device is not None and device.type == "cuda":
         torch.cuda.empty_cache()
 

@@ -10,6 +10,7 @@ from typing import Any
 from graphstore.buffer import BufferMemory, BufferStats, StaticCache
 from graphstore.buffer.budget import BufferFootprint, capacity_for_budget
 from graphstore.buffer.policies import EpochPlan
+from graphstore._heap import bound_heap_growth
 from graphstore.errors import ConfigError, OutOfCoreWarning
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
@@ -89,6 +90,8 @@ class BufferedLoader:
         self.transform = transform
         if capacity is not None and buffer_bytes is not None:
             raise ConfigError("give the buffer as partitions (capacity) or as bytes (buffer_bytes), not both")
+        if buffer_bytes is not None:
+            bound_heap_growth()  # freed buffers go back to the system, not to a thread's heap
         self.store, self.scheme, self.seed, self.prefetch = store, scheme, int(seed), bool(prefetch)
         p = store.num_partitions
         self.policy = policy or self.scheme_spec.policy(self.task, p, capacity, train_partitions)

@@ -43,6 +43,7 @@ from graphstore.buffer.manager import LoadedState
 from graphstore.buffer.policies import EpochPlan
 from graphstore.buffer.resident import ResidentGraph, build_structure_graph
 from graphstore.buffer.slots import lookahead_within, slots_needed
+from graphstore._heap import trim_heap
 from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
@@ -210,8 +211,10 @@ class BufferWalk:
         nbytes = memory.nbytes
         del memory
         # The last epoch's manager still reaches the slots through a reference cycle (its
-        # loader and hand-off refer to each other) that only the cycle collector frees.
+        # loader and hand-off refer to each other) that only the cycle collector frees;
+        # then the epoch's freed batch buffers go back to the system too.
         gc.collect()
+        trim_heap()
         return nbytes
 
     def _mine(self, plan: EpochPlan, round: int | None = None) -> Sequence[int]:
