@@ -262,3 +262,28 @@ def test_a_short_group_names_the_file(tmp_path):
                               in_degree=np.zeros(4, np.int64), out_degree=np.zeros(4, np.int64))
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("stage", ["pack_chunk", "sort_group"])
+def test_a_worker_error_reaches_the_caller_and_no_thread_outlives_it(tmp_path, monkeypatch, stage):
+    import errno
+    import threading
+
+    real = getattr(native, stage)
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(errno.EIO, "injected", "grouped_keys.u64")
+        return real(*args, **kwargs)
+
+    graph, _ = make_graph(num_nodes=500, num_edges=4000, feature_dim=0)
+    convert(graph, tmp_path / "warm.gs", ConvertOptions(num_partitions=8, partitioner="random"))  # zarr's threads
+    monkeypatch.setattr(native, stage, failing)
+    before = threading.active_count()
+    with pytest.raises(OSError, match="injected"):
+        convert(graph, tmp_path / "g.gs", ConvertOptions(num_partitions=8, partitioner="random", chunk_edges=300))
+    assert not (tmp_path / "g.gs").exists() and not list(tmp_path.glob(".g.gs.tmp-*"))
+    assert threading.active_count() == before
+    assert not [t for t in threading.enumerate() if t.name.startswith("gs-edges")]
