@@ -193,12 +193,12 @@ def _write_edges_native(layout: StoreWriter, staged: StagedEdges, store_id: np.n
             grouped.drop_cache()
             t1 = time.perf_counter()
             # Pass 2: per destination partition, sort, merge, decode, count; appended in order.
-            counts = _sort_keys_into_store(layout, pool, grouped, starts, keys, with_rel=with_rel,
+            result = _sort_keys_into_store(layout, pool, grouped, starts, keys, with_rel=with_rel,
                                            keep_duplicates=keep_duplicates, work_dir=work,
                                            budget=2 * chunk, most=2 * workers + 2)
         log.debug("edges in C on %d threads: %d staged edges grouped in %.2f s, sorted and stored in %.2f s",
                   workers, staged.num_edges, t1 - t0, time.perf_counter() - t1)
-        return counts
+        return result
     finally:
         grouped.close(remove=True)
         for fd in fds:
