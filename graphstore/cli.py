@@ -1,6 +1,10 @@
-"""The ``graphstore`` command: ``convert``, ``info``, ``verify``, ``upgrade``, ``hubs``, ``plan``.
+"""The ``graphstore`` command: ``convert``, ``info``, ``verify``, ``upgrade``, ``hubs``, ``plan``,
+``infer``, ``aggregate``, ``plot``.
 
-Exit codes: 0 success, 1 a known error (one line on stderr, no traceback), 2 bad usage.
+Exit codes: 0 success, 1 a known error (one line on stderr, no traceback), 2 bad usage (at
+most three lines: the error, the closest known flag, where to look; `graphstore._argparse`),
+141 when the reader of stdout has gone (``graphstore info S | head -1``, quietly). Every
+option's default is in ``--help``; no flag may be abbreviated.
 """
 
 from __future__ import annotations
@@ -9,11 +13,11 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
+from graphstore._argparse import ArgumentParser, stdout_closed
 from graphstore.errors import GraphStoreError
 from graphstore.units import parse_byte_size
 
@@ -50,10 +54,12 @@ def _parser() -> argparse.ArgumentParser:
     from graphstore.layout.partition import PARTITIONERS
     from graphstore.layout.sources import READERS
 
-    parser = argparse.ArgumentParser(prog="graphstore", description="Out-of-core graph store for GNN training.")
+    # Every option shows its default in --help (a None default says what it means by hand:
+    # tests/test_cli_manners.py fails on one that shows none).
+    parser = ArgumentParser(prog="graphstore", description="Out-of-core graph store for GNN training.")
     parser.add_argument("--version", action="version", version=f"graphstore {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log each conversion phase")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
 
     c = sub.add_parser("convert", help="ingest a dataset into a store",
                        description="Convert SOURCE (a directory, .zip, .tar.gz, file, or an OGB name "
@@ -63,12 +69,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--format", choices=READERS.names(),
                    help=_escape(f"source format (default: detected): {READERS.help_text()}"))
     size = c.add_mutually_exclusive_group()
-    size.add_argument("--partitions", type=positive_int, metavar="P", help="number of partitions")
+    size.add_argument("--partitions", type=positive_int, metavar="P",
+                      help="number of partitions (default: derived from the data: the features' and edges' bytes "
+                           "/ --partition-bytes, at least 4096 nodes a partition, at most 1024 partitions)")
     size.add_argument("--partition-bytes", type=byte_size, metavar="B",
-                      help="target bytes of features+edges per partition (default 4MiB)")
+                      help="target bytes of features+edges per partition (default: 4MiB)")
     c.add_argument("--partitioner", choices=PARTITIONERS.names(),
-                   help=_escape("default: metis, or stream for graphs too large for it (over 50M edges); "
-                                + PARTITIONERS.help_text()))
+                   help=_escape(PARTITIONERS.help_text() + " (default: metis, or stream for graphs too large for "
+                                "it, over 50M edges)"))
     c.add_argument("--seed", type=int, default=0, help="seeds the partitioner and generated splits")
     c.add_argument("--overwrite", action="store_true", help="replace OUT once the new store is complete")
     loops = c.add_mutually_exclusive_group()
@@ -76,26 +84,29 @@ def _parser() -> argparse.ArgumentParser:
                        help="store self loops (default: dropped, except in knowledge graphs)")
     loops.add_argument("--drop-self-loops", dest="keep_self_loops", action="store_false",
                        help="drop self loops, also in knowledge graphs")
-    c.add_argument("--keep-duplicates", action="store_true", help="store repeated edges (merged by default)")
+    c.add_argument("--keep-duplicates", action="store_true", help="store repeated edges instead of merging them")
     c.add_argument("--compress", action="store_true", help="zstd-compress every array")
     direction = c.add_mutually_exclusive_group()
     direction.add_argument("--directed", dest="directed", action="store_true", default=None,
-                           help="treat source edges as directed")
+                           help="treat source edges as directed (default: the format's rule; knowledge "
+                                "graphs and directed OGB datasets are directed, other sources undirected)")
     direction.add_argument("--undirected", dest="directed", action="store_false",
                            help="store every source edge in both directions")
-    c.add_argument("--features", metavar="NPY", help="edge list: node features (.npy, [N, D])")
-    c.add_argument("--labels", metavar="NPY", help="edge list: node labels (.npy, [N])")
-    c.add_argument("--num-nodes", type=positive_int, help="edge list: number of nodes (default max id + 1)")
-    c.add_argument("--root", metavar="DIR", help="OGB: directory holding (or to download) named datasets")
-    c.add_argument("--split", metavar="NAME", help="OGB: split directory to use when there are several")
+    c.add_argument("--features", metavar="NPY", help="edge list: node features (.npy, [N, D]) (default: none)")
+    c.add_argument("--labels", metavar="NPY", help="edge list: node labels (.npy, [N]) (default: none)")
+    c.add_argument("--num-nodes", type=positive_int, help="edge list: number of nodes (default: max id + 1)")
+    c.add_argument("--root", metavar="DIR", help="OGB: directory holding (or to download) named datasets "
+                                                 "(default: none: SOURCE is a path)")
+    c.add_argument("--split", metavar="NAME", help="OGB: split directory to use when there are several "
+                                                   "(default: the only one)")
     c.add_argument("--chunk-edges", type=positive_int, default=1 << 20,
-                   help="edges per streaming step (bounds memory; default 1048576)")
+                   help="edges per streaming step (bounds memory)")
     c.add_argument("--partition-memory", type=byte_size, metavar="B", dest="partition_memory_bytes",
-                   help="memory budget of the stream partitioner (default 1GiB, more for graphs "
+                   help="memory budget of the stream partitioner (default: 1GiB, more for graphs "
                         "of over 33M nodes: it keeps 24 bytes per node)")
     c.add_argument("--hub-fraction", type=float, default=0.01, metavar="F",
                    help="fraction of nodes (highest degree) whose features and a contiguous copy of their "
-                        "edges form the hub group, HierBatching's static cache (default 0.01; 0: none)")
+                        "edges form the hub group, HierBatching's static cache (0: none)")
     c.add_argument("--feature-dtype", choices=["float16", "bfloat16", "float32"],
                    help="store the features in this dtype, cast chunk by chunk (default: the source's; float16 "
                         "sources stay float16, the rest float32). bfloat16 is stored as uint16 bit patterns; a value "
@@ -120,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "feature rows, and a copy of their edges grouped by partition, which "
                                    "the mega-batch scheme's static cache reads (takes the writer lock).")
     h.add_argument("store")
-    h.add_argument("--fraction", type=float, default=0.01, help="fraction of nodes (default 0.01; 0 removes it)")
+    h.add_argument("--fraction", type=float, default=0.01, help="fraction of nodes (0 removes it)")
 
     inf = sub.add_parser("infer", help="exact whole-graph inference of a trained GNN, out of core",
                          description="Run every layer of a trained graphstore.nn GNN over the whole graph of "
@@ -129,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     inf.add_argument("store")
     inf.add_argument("--checkpoint", required=True, metavar="CKPT",
                      help="a file from graphstore.inference.save_model, or a trainer's --checkpoint-dir")
-    inf.add_argument("--split", default="test", help="node split whose outputs to write, or 'all' (default test)")
+    inf.add_argument("--split", default="test", help="node split whose outputs to write, or 'all'")
     inf.add_argument("--out", required=True, metavar="OUT", type=_outputs_file,
                      help="OUT.npy: the outputs [n, C] in the split's order (ascending store ids); "
                           "OUT.npz: also ids, source_ids and predictions")
@@ -138,12 +149,13 @@ def _parser() -> argparse.ArgumentParser:
                       help="memory for the walk (e.g. 2GiB); each layer holds as many partitions as its "
                            "widths allow (default: what a quarter of the partitions' features take)")
     held.add_argument("--capacity", type=positive_int, metavar="C",
-                      help="partitions held at once in every layer, instead of --buffer-bytes")
+                      help="partitions held at once in every layer, instead of --buffer-bytes "
+                           "(default: from --buffer-bytes)")
     inf.add_argument("--normalize-features", choices=["none", "row"],
                      help="row-normalise the input features (default: what the trainer's checkpoint recorded)")
-    inf.add_argument("--work-dir", metavar="D", help="scratch arrays here (default a temporary directory)")
+    inf.add_argument("--work-dir", metavar="D", help="scratch arrays here (default: a temporary directory)")
     inf.add_argument("--device", default="cpu", type=_device_name, metavar="DEV",
-                     help="where the layers run: cpu, cuda or cuda:N (default cpu); the store and the scratch "
+                     help="where the layers run: cpu, cuda or cuda:N; the store and the scratch "
                           "arrays stay on the host, and the buffer's bytes are then the device's")
 
     ag = sub.add_parser("aggregate", help="store every node's aggregate of its in-neighbours' features "
@@ -161,7 +173,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="aggregate row-normalised features (for training with --normalize-features row)")
     ag.add_argument("--buffer-bytes", type=byte_size, metavar="B",
                     help="memory for the walk (default: what a quarter of the partitions' features take)")
-    ag.add_argument("--work-dir", metavar="D", help="scratch arrays here (default a temporary directory)")
+    ag.add_argument("--work-dir", metavar="D", help="scratch arrays here (default: a temporary directory)")
 
     pl = sub.add_parser("plan", help="show a buffer policy's plan for one epoch",
                         description="Print the buffer states of one epoch and what each trains, "
@@ -172,16 +184,17 @@ def _parser() -> argparse.ArgumentParser:
                     help="number of partitions")
     pl.add_argument("--capacity", type=positive_int, required=True, metavar="C",
                     help="partitions the buffer holds (clamped to P)")
-    pl.add_argument("--seed", type=int, default=0)
-    pl.add_argument("--epoch", type=int, default=0)
-    pl.add_argument("--reuse", type=positive_int, help="hierbatching: passes over each mega-batch")
+    pl.add_argument("--seed", type=int, default=0, help="with the epoch, every random choice of the plan")
+    pl.add_argument("--epoch", type=int, default=0, help="the epoch to plan")
+    pl.add_argument("--reuse", type=positive_int, help="hierbatching: passes over each mega-batch (default: 2)")
     pl.add_argument("--num-logical-partitions", type=positive_int, metavar="L",
-                    help="comet: logical partitions (default ceil(P / floor(C/2)))")
+                    help="comet: logical partitions (default: ceil(P / floor(C/2)))")
     pl.add_argument("--train-partitions", type=_id_list, metavar="0,1,2",
-                    help="node policies: partitions holding training nodes (default all)")
-    pl.add_argument("--task", choices=["link", "node"], help="in_memory: plan only this task's fields")
+                    help="node policies: partitions holding training nodes (default: all)")
+    pl.add_argument("--task", choices=["link", "node"],
+                    help="in_memory: plan only this task's fields (default: both)")
     pl.add_argument("--world-size", type=positive_int, metavar="N",
-                    help="disjoint: data-parallel ranks sharing each round (default 1)")
+                    help="disjoint: data-parallel ranks sharing each round (default: 1)")
     pl.add_argument("--json", action="store_true", help="print the whole plan as JSON")
 
     fig = sub.add_parser("plot", help="draw trainer runs' metrics files (needs matplotlib)",
@@ -191,7 +204,7 @@ def _parser() -> argparse.ArgumentParser:
                                      "files (pip install graphstore[plot]).")
     fig.add_argument("runs", nargs="+", metavar="RUN.json", help="trainer metrics files of one task")
     fig.add_argument("-o", "--out", required=True, metavar="OUT.png", help="the PNG to write")
-    fig.add_argument("--dpi", type=positive_int, default=110, help="resolution (default 110)")
+    fig.add_argument("--dpi", type=positive_int, default=110, help="resolution")
     return parser
 
 
@@ -434,12 +447,13 @@ def main(argv: list[str] | None = None) -> int:
                 "hubs": _run_hubs, "plan": _run_plan, "infer": _run_infer,
                 "aggregate": _run_aggregate, "plot": _run_plot}
     try:
-        return handlers[args.command](args)
+        status = handlers[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return status
     except BrokenPipeError:
-        # `graphstore info X | head`: the reader has gone, as it may; stop as Unix tools do.
-        # Stdout goes to /dev/null so the interpreter's last flush cannot fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
+        # `graphstore info X | head`: the reader has gone, as it may; stop as Unix tools do,
+        # quietly and with SIGPIPE's status.
+        return stdout_closed()
     except GraphStoreError as exc:
         print(f"graphstore {args.command}: error: {exc}", file=sys.stderr)
         return 1
