@@ -78,7 +78,8 @@ class FullBatchOptions(Options):
     description: ClassVar[str] = "Full-batch GNN node classification across processes (SAR), launched by torchrun."
 
     config: str | None = option(None, metavar="C.toml", in_file=False, run_only=True,
-                                help="TOML file giving any option below by its long name (flags override it)")
+                                help="TOML file giving any option below by its long name (flags override it) "
+                                     "(default: none)")
     store: str | None = option(None, metavar="S.gs", run_only=True, help="the store to train on (required)")
     model: str = option("sage", choices=LAYERS, help="GNN layer kind")
     mode: str = option("sar", choices=MODES, help="sar: other ranks' rows one rank at a time, rematerialized in "
@@ -106,9 +107,10 @@ class FullBatchOptions(Options):
     device: str = option("cpu", choices=("cpu", "cuda"), run_only=True)
     timeout: float = option(DEFAULT_TIMEOUT_S, type=float, run_only=True,
                             help="seconds a collective waits for the other ranks before failing")
-    metrics_out: str | None = option(None, metavar="M.json", run_only=True, help="write the metrics JSON here")
+    metrics_out: str | None = option(None, metavar="M.json", run_only=True,
+                                     help="write the metrics JSON here (default: none)")
     checkpoint_dir: str | None = option(None, metavar="D", run_only=True,
-                                        help="save a checkpoint here after every epoch (rank 0)")
+                                        help="save a checkpoint here after every epoch (rank 0) (default: none)")
     resume: bool = option(False, run_only=True, help="continue from the last checkpoint in --checkpoint-dir "
                                                      "(with any number of ranks: the model does not depend on it)")
     verbose: bool = option(False, short="-v", help="log debug messages")

@@ -159,36 +159,42 @@ class LinkPredictionOptions(CommonOptions):
     model: str = option("distmult", choices=MODELS, help="decoder (edge scorer)")
     encoder: str = option("none", choices=ENCODERS, help="GNN encoder before the decoder")
     scheme: str = option("minibatch", choices=SCHEMES, help=SCHEME_REGISTRY.help_text(lambda s: "link" in s.tasks))
-    policy: str | None = option(None, choices=POLICIES, help="buffer policy (disk default comet): "
-                                + POLICY_REGISTRY.help_text(lambda p: p.task in ("link", "both")))
+    policy: str | None = option(
+        None, choices=POLICIES,
+        help="buffer policy: " + POLICY_REGISTRY.help_text(lambda p: p.task in ("link", "both"))
+             + " (default: the scheme's: comet for disk, in_memory for minibatch)")
     num_logical_partitions: int | None = option(
-        None, type=positive_int, metavar="L", help="COMET's logical partitions (default MariusGNN's l = 2p/c)")
+        None, type=positive_int, metavar="L", help="COMET's logical partitions (default: MariusGNN's l = 2p/c)")
     embedding_dim: int | None = option(
         None, type=positive_int, metavar="D",
-        help="node representation width d (default: a knowledge graph learnt as embeddings, 400 when its table fits "
+        help="node representation width d (default: derived from the data: a knowledge graph learnt as embeddings, "
+             "400 when its table fits "
              "a quarter of the memory budget, else 100; other graphs 100)")
     embeddings: bool = option(False, help="learn node embeddings even when the store has features")
     embedding_scale: float = option(1e-3, type=float,
                                     help="initial embeddings ~ scale * N(0, 1) (MariusGNN: 0.001)")
-    embedding_lr: float | None = option(None, type=float, help="learning rate of the embeddings (default --lr)")
+    embedding_lr: float | None = option(None, type=float, help="learning rate of the embeddings (default: as --lr)")
     embedding_optimizer: str = option(
         "adagrad", choices=("adagrad", "adam"),
         help="sparse optimizer of the embeddings: adagrad (MariusGNN; state in the store) or adam (as OGB's "
              "baselines; its first moment is kept in memory, so minibatch scheme only)")
     negatives: int | None = option(
         None, type=positive_int, metavar="K",
-        help="negatives per chunk (default: a knowledge graph learnt as embeddings 2048, close to 1-vs-all; "
+        help="negatives per chunk (default: derived from the data: a knowledge graph learnt as embeddings 2048, "
+             "close to 1-vs-all; "
              "else 256, MariusGNN's)")
     num_chunks: int | None = option(None, type=positive_int, metavar="C",
-                                    help="chunks of a batch sharing negatives (default: 1 for a knowledge graph "
+                                    help="chunks of a batch sharing negatives (default: derived from the data: 1 "
+                                         "for a knowledge graph "
                                          "learnt as embeddings, else 8)")
     degree_fraction: float | None = option(
         None, type=unit_float, metavar="F",
-        help="fraction of negatives drawn by degree, the rest uniformly (default: 0 for a knowledge graph "
+        help="fraction of negatives drawn by degree, the rest uniformly (default: derived from the data: 0 for a "
+             "knowledge graph "
              "learnt as embeddings, else 0.5)")
     relation_init: str = option(
         "normal", choices=("ones", "normal"),
-        help="relation embeddings start at the decoder's identity (ones) or ~ N(0, 1) (default): signed "
+        help="relation embeddings start at the decoder's identity (ones) or ~ N(0, 1) (normal): signed "
              "relations keep DistMult/ComplEx from scoring (h, r, h) above true tails")
     loss: str = option("softmax", choices=("softmax", "logistic", "margin"))
     corrupt: str = option(
@@ -199,25 +205,27 @@ class LinkPredictionOptions(CommonOptions):
     decoder_layers: int = option(3, type=positive_int,
                                  help="--model mlp: linear layers of the MLP on s * r * o (OGB: 3)")
     decoder_hidden: int | None = option(
-        None, type=positive_int, help="--model mlp: hidden width (default embedding dim); its dropout is --dropout")
+        None, type=positive_int,
+        help="--model mlp: hidden width; its dropout is --dropout (default: the embedding dim)")
     margin: float = option(1.0, type=float, help="margin loss only")
     regularization: float | None = option(
         None, type=float, metavar="W",
-        help="N3 penalty W * mean(|s|^3 + |r|^3 + |o|^3) on each batch's positives (Lacroix et al.; default 0.1 "
-             "for a knowledge graph learnt as embeddings, else 0)")
+        help="N3 penalty W * mean(|s|^3 + |r|^3 + |o|^3) on each batch's positives (Lacroix et al.) (default: "
+             "derived from the data: 0.1 for a knowledge graph learnt as embeddings, else 0)")
     optimizer: str = option("adagrad", choices=("adagrad", "adam"),
                             help="optimizer of relation embeddings and encoder weights")
     fanouts: tuple[int, ...] = option((10, 5), type=fanout_list,
                                       help="encoder only: neighbours per hop, nearest first, one per layer")
-    hidden: int | None = option(None, type=positive_int, help="encoder hidden width (default embedding dim)")
+    hidden: int | None = option(None, type=positive_int, help="encoder hidden width (default: the embedding dim)")
     dropout: float = option(0.0, type=unit_float, help="encoder (and --model mlp) dropout")
     heads: int = option(2, type=positive_int, help="GAT heads")
     eval_mode: str | None = option(
         None, flag="--eval", choices=("filtered", "unfiltered", "ogb"),
-        help="ranking protocol (default ogb when the valid split ships negatives, else filtered)")
+        help="ranking protocol (default: derived from the data: ogb when the valid split ships negatives, "
+             "else filtered)")
     patience: int = option(
         5, type=non_negative_int, run_only=True, metavar="P",
-        help="stop once validation has not improved for P epochs (default 5; 0: run every epoch); the "
+        help="stop once validation has not improved for P epochs (0: run every epoch); the "
              "best-validation model (embeddings included) is restored and tested once at the end")
     eval_encoder: str = option(
         "memory", choices=("memory", "exact"), run_only=True,

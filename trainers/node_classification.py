@@ -160,21 +160,23 @@ class NodeClassificationOptions(CommonOptions):
                          help=SCHEME_REGISTRY.help_text(lambda s: "node" in s.tasks))
     micro_batches: int | None = option(
         None, type=positive_int, metavar="K",
-        help="split every batch into K micro-batches (Betty); with megabatch or disk too")
+        help="split every batch into K micro-batches (Betty); with megabatch or disk too (default: none)")
     micro_batch_budget: int | None = option(
         None, type=byte_size, metavar="BYTES",
-        help="split every batch into the fewest micro-batches whose estimated training-step memory fits BYTES")
+        help="split every batch into the fewest micro-batches whose estimated training-step memory fits BYTES "
+             "(default: derived from the buffer: 1/8 of the byte budget of an out-of-core scheme, the buffer the "
+             "rest; none with --micro-batches, --buffer-partitions or a scheme holding the whole graph)")
     micro_strategy: str = option(
         "reg", choices=MICRO_STRATEGIES,
         help="how targets are grouped into micro-batches: " + STRATEGY_REGISTRY.help_text())
     macro_batches: int | None = option(
         None, type=lambda text: -1 if str(text) == "all" else positive_int(text), metavar="B",
         help="macrobatch: mini-batches whose input rows are read from the store at once, or 'all' "
-             "(default 16)")
+             "(default: 16)")
     macro_batch_bytes: int | None = option(
         None, type=byte_size, metavar="BYTES",
         help="macrobatch: most bytes of samples a macro-batch holds (it is cut short there) and of feature "
-             "rows held at once (a larger union is read in rounds)")
+             "rows held at once (a larger union is read in rounds) (default: none: no limit)")
     feature_cache_bytes: int | None = option(
         None, type=byte_size, metavar="BYTES",
         help="macrobatch: keep up to BYTES of feature rows between rounds (default: no cache; with "
@@ -182,7 +184,7 @@ class NodeClassificationOptions(CommonOptions):
     feature_cache: str | None = option(
         None, choices=("belady", "lru"),
         help="macrobatch: what the feature cache keeps: rows used soonest by the mini-batches sampled ahead "
-             "(belady, the default with --feature-cache-bytes) or used most recently (lru)")
+             "(belady) or used most recently (lru) (default: none: no cache; belady with --feature-cache-bytes)")
     cache_lookahead: int = option(
         32, type=positive_int, metavar="K",
         help="macrobatch: mini-batches sampled ahead for the belady cache (their samples are held in memory)")
@@ -195,23 +197,27 @@ class NodeClassificationOptions(CommonOptions):
         help="macrobatch under torchrun: every rank reads its rows from the store (store), or each rank "
              "holds its block of partitions' rows in memory and fetches a round's others from their "
              "owners in one collective round (partitioned; BatchGNN's distributed fetch)")
-    policy: str | None = option(None, choices=POLICIES, help="buffer policy (default by scheme): "
-                                + POLICY_REGISTRY.help_text(lambda p: p.task in ("node", "both")))
-    reuse: int | None = option(None, type=positive_int, help="passes over each mega-batch (megabatch default 2)")
+    policy: str | None = option(
+        None, choices=POLICIES,
+        help="buffer policy: " + POLICY_REGISTRY.help_text(lambda p: p.task in ("node", "both"))
+             + " (default: the scheme's: hierbatching for megabatch; for disk sequential when the training "
+               "partitions fit the buffer, else dispersed; in_memory for the others)")
+    reuse: int | None = option(None, type=positive_int,
+                               help="passes over each mega-batch (default: the scheme's: 2 for megabatch, else 1)")
     static_cache: float | None = option(
         None, type=unit_float, metavar="R",
-        help="fraction of nodes (highest degree) kept in a static cache (megabatch default 0.01)")
+        help="fraction of nodes (highest degree) kept in a static cache (default: the scheme's: 0.01 for "
+             "megabatch with its own policy, else 0)")
     fanouts: tuple[int, ...] = option(
-        (15, 10), type=fanout_list,
-        help="neighbours per hop, nearest hop first; -1 = all; one per layer (default 15,10)")
+        (15, 10), type=fanout_list, help="neighbours per hop, nearest hop first; -1 = all; one per layer")
     eval_fanouts: tuple[int, ...] | None = option(
         None, type=fanout_list,
-        help=f"fanouts for evaluation (default: all neighbours up to {FULL_EVAL_MAX_EDGES:,} edges, "
-             "else the training fanouts)")
+        help=f"fanouts for evaluation (default: derived from the data: all neighbours up to "
+             f"{FULL_EVAL_MAX_EDGES:,} edges, else the training fanouts)")
     eval_batch_size: int | None = option(
         None, type=positive_int, metavar="B",
-        help="targets per evaluation batch (default --batch-size); evaluation keeps no gradients, so it "
-             "can take larger batches than training")
+        help="targets per evaluation batch; evaluation keeps no gradients, so it can take larger batches than "
+             "training (default: as --batch-size)")
     eval_scheme: str | None = option(
         None, choices=EVAL_SCHEMES,
         help="scheme of evaluation (default: exact, unless --eval-fanouts or --aggregation-cache is given, then "
@@ -219,18 +225,18 @@ class NodeClassificationOptions(CommonOptions):
              "training buffer's memory; minibatch = sampled, in memory)")
     batch_size: int | None = option(
         None, type=positive_int, metavar="B",
-        help="targets per training batch (default: min(1000, max(64, train split / 8)), so an epoch is several "
-             "optimizer steps even on a 20-per-class split)")
+        help="targets per training batch (default: derived from the data: min(1000, max(64, train split / 8)), "
+             "so an epoch is several optimizer steps even on a 20-per-class split)")
     patience: int = option(
         20, type=non_negative_int, run_only=True, metavar="P",
-        help="stop once neither validation accuracy nor validation loss has improved for P epochs (default 20; "
-             "0: run every epoch); the best-validation-accuracy model is restored and tested once at the end")
+        help="stop once neither validation accuracy nor validation loss has improved for P epochs (0: run every "
+             "epoch); the best-validation-accuracy model is restored and tested once at the end")
     balance_labels: str = option(
         "off", choices=("auto", "on", "off"),
         help="weigh each buffer state's loss by class so its targets have the training split's label mix (a few "
              "METIS partitions' labels cluster); auto: on when the states' label mixes are on average more than "
-             "0.15 (total variation) further from the split's than random states of their sizes; off (default: "
-             "measured, it learns faster at first and ends lower)")
+             "0.15 (total variation) further from the split's than random states of their sizes; off (measured: it "
+             "learns faster at first and ends lower)")
     hidden: int = option(64, type=positive_int, help="hidden width")
     dropout: float = option(0.5, type=unit_float)
     weight_decay: float = option(5e-4, type=float)
@@ -238,7 +244,7 @@ class NodeClassificationOptions(CommonOptions):
     normalize_features: str = option(
         "auto", choices=("auto", "none", "row"),
         help="row: divide each input feature row by its L1 norm (PyG's NormalizeFeatures), per batch, "
-             "so it works out of core; auto (default): row when sampled rows are non-negative and mostly "
+             "so it works out of core; auto: derived from the data, row when sampled rows are non-negative and mostly "
              "zeros (bag-of-words), else none")
     lr_schedule: str = option("none", choices=("none", "cosine"),
                               help="cosine: anneal the learning rate per epoch from --lr towards 0")

@@ -6,6 +6,13 @@ class is the single source of truth for names, defaults, types and help, and arg
 only the flag syntax (its parser is built from the fields and reports the flags given, never
 defaults). Precedence: field defaults < the ``--config`` TOML file < flags.
 
+``--help`` shows every field's default after its help, ``(default: 15,10)``, ``(default: off)``
+for a switch, from the field itself (an `override` shows its own). A default of None is
+explained by hand in the help, ``(default: none)`` where None means off, or ``(default:
+derived from the data: <the rule>)``; tests/test_cli_manners.py fails on a field whose help
+shows no default. The parser is `graphstore._argparse.ArgumentParser`: no abbreviations
+(``--epoch`` is refused), and a misspelled flag answered with the closest known one.
+
 `Options.from_dict` reads a mapping (a TOML file's tables, or `Options.to_dict`'s output):
 unknown keys, values the field's converter refuses, values outside ``choices`` and
 non-booleans for switches are one-line `ConfigError`\\ s naming the source and the key.
@@ -31,6 +38,7 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Self
 
+from graphstore._argparse import DEFAULT_MARK, ArgumentParser, default_text
 from graphstore.cli import byte_size, positive_int  # the argparse types the command line uses too
 from graphstore.errors import ConfigError
 
@@ -141,6 +149,20 @@ def _is_negative(f: dataclasses.Field) -> bool:
     return _is_switch(f) and _long_flag(f).startswith("--no-")
 
 
+def _help(f: dataclasses.Field) -> str | None:
+    """The field's ``--help`` text with its default: appended from the field's value unless
+    the text says it (``(default: ...``, ``(required``); a None default has no text of its
+    own (its help says what None means)."""
+    text = _spec(f).help
+    if text == argparse.SUPPRESS or text and (DEFAULT_MARK in text or "(required" in text):
+        return text
+    shown = default_text(f.default, switch=_is_switch(f))
+    if shown is None:
+        return text
+    shown = f"{DEFAULT_MARK}{shown.replace('%', '%%')})"  # argparse %-formats help
+    return f"{text} {shown}" if text else shown
+
+
 # ---------------------------------------------------------------------- the base class
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +238,7 @@ class Options:
         for f in dataclasses.fields(cls):
             spec = _spec(f)
             names = [n for n in (spec.short, _long_flag(f)) if n]
-            kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": spec.help}
+            kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": _help(f)}
             if _is_switch(f):
                 kw["action"] = "store_false" if _is_negative(f) else "store_true"
             else:
@@ -225,7 +247,9 @@ class Options:
 
     @classmethod
     def build_parser(cls) -> argparse.ArgumentParser:
-        parser = argparse.ArgumentParser(prog=cls.prog, description=cls.description)
+        """The parser of `graphstore._argparse` (no abbreviations, a short error naming the
+        closest flag) with every field's flag and default."""
+        parser = ArgumentParser(prog=cls.prog, description=cls.description)
         cls.add_arguments(parser)
         return parser
 
@@ -309,22 +333,23 @@ class CommonOptions(Options):
 
     config: str | None = option(
         None, metavar="C.toml", in_file=False, run_only=True,
-        help="TOML file giving any option below by its long name (flags override it)")
+        help="TOML file giving any option below by its long name (flags override it) (default: none)")
     store: str | None = option(None, metavar="S.gs", run_only=True, help="the store to train on (required)")
     buffer_partitions: int | None = option(
         None, type=positive_int, metavar="C",
-        help="partitions the buffer holds (default: as many as half of the memory this process may still use "
-             "allows, the cgroup limit when one is set, else MemAvailable)")
-    buffer_bytes: int | None = option(None, type=byte_size, metavar="B",
-                                      help="buffer budget in bytes instead of partitions, e.g. 512MiB")
-    batch_size: int = option(1000, type=positive_int)
-    epochs: int = option(200, type=positive_int, run_only=True,
-                         help="most epochs (default 200); --patience usually stops sooner")
+        help="partitions the buffer holds (default: none: the buffer is sized in bytes, --buffer-bytes)")
+    buffer_bytes: int | None = option(
+        None, type=byte_size, metavar="B",
+        help="buffer budget in bytes instead of partitions, e.g. 512MiB (default: derived from the machine: half "
+             "of the memory this process may still use, the cgroup limit when one is set, else MemAvailable; "
+             "none for a scheme holding the whole graph)")
+    batch_size: int = option(1000, type=positive_int, metavar="B", help="targets per training batch")
+    epochs: int = option(200, type=positive_int, run_only=True, help="most epochs; --patience usually stops sooner")
     eval_every: int | None = option(
         None, type=positive_int, run_only=True, metavar="N",
-        help="evaluate on validation every N epochs and after the last (default: after an epoch when evaluation "
-             "so far plus one more fits within the training time so far, so it stays within half of the run; "
-             "common.should_evaluate)")
+        help="evaluate on validation every N epochs and after the last (default: derived from the run's timing: "
+             "after an epoch when evaluation so far plus one more fits within the training time so far, so it "
+             "stays within half of the run; common.should_evaluate)")
     lr: float = option(0.01, type=float, help="learning rate")
     seed: int = option(0, type=int, help="with the epoch number, every random choice (init, sampling, dropout)")
     device: str = option("cpu", choices=("cpu", "cuda"), run_only=True)
@@ -333,11 +358,12 @@ class CommonOptions(Options):
     loader_threads: int | None = option(
         None, type=non_negative_int, metavar="N", run_only=True,
         help="threads that sample and gather batches ahead of training (0: in the training thread; the batches "
-             "are the same for every N; default on the CPU: the cores torch's threads leave free, 0 when it uses "
-             "them all; with --device cuda: all cores but one)")
-    metrics_out: str | None = option(None, metavar="M.json", run_only=True, help="write the metrics JSON here")
+             "are the same for every N) (default: derived from the machine: on the CPU the cores torch's threads "
+             "leave free, 0 when it uses them all; with --device cuda all cores but one)")
+    metrics_out: str | None = option(None, metavar="M.json", run_only=True,
+                                     help="write the metrics JSON here (default: none)")
     checkpoint_dir: str | None = option(None, metavar="D", run_only=True,
-                                        help="save a checkpoint here after every epoch")
+                                        help="save a checkpoint here after every epoch (default: none)")
     resume: bool = option(False, run_only=True, help="continue from the last checkpoint in --checkpoint-dir")
     verbose: bool = option(False, short="-v", help="log debug messages")
 
