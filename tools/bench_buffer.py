@@ -81,9 +81,10 @@ def plan_bytes(store, states) -> dict:
     import numpy as np
 
     from graphstore.buffer import planned_read_bytes
+    from graphstore.layout.dtypes import storage_dtype
 
     m = store.manifest
-    row_bytes = (m.feature_dim * np.dtype(m.feature_dtype).itemsize if m.has_features else 0) + (4 if m.has_labels else 0)
+    row_bytes = (m.feature_dim * storage_dtype(m.feature_dtype).itemsize if m.has_features else 0) + (4 if m.has_labels else 0)
     edge_bytes = 2 * np.dtype(m.index_dtype).itemsize + (4 if m.has_relations else 0)
     p, offsets = store.num_partitions, store.bucket_offsets
     admissions, prev, needed = 0, set(), set()

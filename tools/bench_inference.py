@@ -139,6 +139,7 @@ def load_full_graph(store):
     import numpy as np
     import torch
 
+    from graphstore.layout.dtypes import decode
     from graphstore.nn import LayerView
 
     p, n = store.num_partitions, store.num_nodes
@@ -147,7 +148,7 @@ def load_full_graph(store):
     dst = torch.from_numpy(np.concatenate([b[1] for b in parts]).astype(np.int64))
     del parts
     view = LayerView(n, n, slice(0, n), src, torch.bincount(dst, minlength=n), dst)  # bucket order: dst-sorted
-    x = torch.from_numpy(np.concatenate([store.read_features(k) for k in range(p)]).astype(np.float32, copy=False))
+    x = torch.from_numpy(decode(np.concatenate([store.read_features(k) for k in range(p)]), store.manifest.feature_dtype))
     degrees = torch.from_numpy(store.read_degree("in").astype(np.int64))
     return x, view, degrees
 

@@ -136,6 +136,7 @@ AMAZON_SOURCE = REPO.parent / "shared" / "data" / "amazon_photo" / "amazon-photo
 def load_amazon(work_dir: Path, source: Path) -> tuple[CSCGraph, torch.Tensor, torch.Tensor, dict]:
     """Convert Amazon Photo once into ``work_dir`` and read it whole."""
     import graphstore
+    from graphstore.layout.dtypes import decode
 
     out = work_dir / "amazon_photo.gs"
     if not out.exists():  # converted once; later runs reuse it
@@ -144,7 +145,7 @@ def load_amazon(work_dir: Path, source: Path) -> tuple[CSCGraph, torch.Tensor, t
     with graphstore.open(out) as store:
         src = torch.from_numpy(np.asarray(store.array("edges/src")[...], dtype=np.int64))
         dst = torch.from_numpy(np.asarray(store.array("edges/dst")[...], dtype=np.int64))
-        features = torch.from_numpy(np.asarray(store.features[...], dtype=np.float32))
+        features = torch.from_numpy(decode(store.features[...], store.manifest.feature_dtype))  # bfloat16: its bits
         labels = torch.from_numpy(np.asarray(store.labels[...], dtype=np.int64))
         n = store.num_nodes
     graph = CSCGraph.from_edges(src, dst, n, out_edges=False)

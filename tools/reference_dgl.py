@@ -53,11 +53,12 @@ def export(store_path: str, out: Path, *, normalize=None) -> dict:
     import torch
 
     import graphstore
+    from graphstore.layout.dtypes import decode
 
     store = graphstore.open(store_path)
     n = store.num_nodes
-    features = np.concatenate([store.read_rows("nodes/features", *store.partition_range(k))
-                               for k in range(store.num_partitions)]).astype(np.float32, copy=False)
+    features = decode(np.concatenate([store.read_rows("nodes/features", *store.partition_range(k))
+                                      for k in range(store.num_partitions)]), store.manifest.feature_dtype)
     if normalize is not None:
         features = normalize(torch.from_numpy(features)).numpy()
     np.savez(out, x=features, y=store.read_rows("nodes/labels", 0, n),
