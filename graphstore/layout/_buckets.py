@@ -177,8 +177,9 @@ def _write_edges_native(layout: StoreWriter, staged: StagedEdges, store_id: np.n
                                     else np.zeros((0, 2)), dtype=np.int64)
 
         def pack(start: int, count: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
-            return lambda: native.pack_chunk(staged_fds, names, start, count, runs, store_id, size=size, p=p,
-                                             b=keys.b, rel_bits=keys.rel_bits)
+            return lambda: native.pack_chunk(staged_fds, names, start, count, runs, store_id,
+                                             staged_bytes=staged.id_bytes, size=size, p=p, b=keys.b,
+                                             rel_bits=keys.rel_bits)
 
         # Pass 1: workers pack chunks; this thread appends each chunk's groups at the
         # partitions' cursors, in chunk order, while the next chunks are packed.

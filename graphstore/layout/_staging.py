@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["EdgeStager", "ScratchFile", "StagedEdges", "node_scratch"]
+__all__ = ["EdgeStager", "ScratchFile", "StagedEdges", "file_dtype", "node_scratch"]
 
 NODE_CHUNK = 1 << 22
 """Nodes per step when a pass walks a per-node array (32 MiB of int64)."""
@@ -38,6 +38,15 @@ crowd out everything else, and under a cgroup v1 memory cap (where dirty pages a
 throttled per group) they can get the converter OOM-killed; written back and dropped as
 we go, they cost the cache nothing.
 """
+
+
+def file_dtype(path: str) -> np.dtype:
+    """The dtype a staging file's name gives: ``*.i32`` int32, anything else int64.
+
+    >>> file_dtype("edges_src.i32"), file_dtype("edges_src.i64")
+    (dtype('int32'), dtype('int64'))
+    """
+    return np.dtype(np.int32 if str(path).endswith(".i32") else np.int64)
 
 
 class ScratchFile:
@@ -120,7 +129,11 @@ _HAS_FADVISE = hasattr(os, "posix_fadvise")
 
 @dataclass(frozen=True)
 class StagedEdges:
-    """Directed edges (source ids) in two flat int64 files, in staging order.
+    """Directed edges (source ids) in two flat files, in staging order.
+
+The endpoint files hold int32 when every node id fits (``*.i32``: half the bytes to write
+here and to read back in every later pass), int64 otherwise (``*.i64``); the name says
+which, so a description of the files (a path) is enough to read them. Relation ids are int64.
 
     Undirected sources are already expanded to both directions and self loops already
     dropped (unless kept); duplicates may still be present. Which rows are reverse edges
@@ -129,9 +142,9 @@ class StagedEdges:
     """
 
     src_path: str
-    """File of [num_edges] int64 source endpoints."""
+    """File of [num_edges] source endpoints, int32 (``*.i32``) or int64."""
     dst_path: str
-    """File of [num_edges] int64 destination endpoints."""
+    """File of [num_edges] destination endpoints, in the source file's dtype."""
     rel_path: str | None
     """File of [num_edges] int64 relation ids, or None."""
     num_edges: int
@@ -148,15 +161,21 @@ class StagedEdges:
     """The largest relation id staged (bounds the bits a relation takes in the edge phase's
     packed keys), or None when unknown or without relations."""
 
+    @property
+    def id_bytes(self) -> int:
+        """Bytes of one endpoint in the src and dst files (4 or 8)."""
+        return file_dtype(self.src_path).itemsize
+
     def _read(self, path: str, start: int, count: int) -> np.ndarray:
         # Plain reads, not a memory map: pages a map touches stay charged to this process
         # (and its cgroup) until unmapped, which on a large file defeats the memory bound.
+        dtype = file_dtype(path)
         with open(path, "rb") as f:
-            f.seek(start * 8)
-            out = np.fromfile(f, dtype=np.int64, count=count)
+            f.seek(start * dtype.itemsize)
+            out = np.fromfile(f, dtype=dtype, count=count)
         if len(out) != count:
             raise EOFError(f"{path}: {len(out)} of {count} staged edges from {start}")
-        return out
+        return out.astype(np.int64, copy=False)
 
     def iter_chunks(
         self, chunk_edges: int
@@ -206,7 +225,10 @@ class EdgeStager:
     def __init__(self, directory: str, *, num_nodes: int, with_rel: bool) -> None:
         os.makedirs(directory, exist_ok=True)
         names = ["src", "dst", "rel"] if with_rel else ["src", "dst"]
-        self._files = {k: ScratchFile(os.path.join(directory, f"edges_{k}.i64"), np.int64) for k in names}
+        # Node ids are < num_nodes: int32 files when that fits; relation ids stay int64.
+        ids = "i32" if num_nodes <= 1 << 31 else "i64"
+        paths = {k: os.path.join(directory, f"edges_{k}.{'i64' if k == 'rel' else ids}") for k in names}
+        self._files = {k: ScratchFile(path, file_dtype(path)) for k, path in paths.items()}
         self._num_nodes = num_nodes
         self.num_edges = 0
         self.in_count = node_scratch(directory, "in_count", num_nodes, np.int64)

@@ -139,6 +139,21 @@ def _staged(max_rel):
     return StagedEdges("s", "d", None if max_rel is None else "r", 0, 1, max_rel=max_rel)
 
 
+def test_staged_endpoints_are_int32_when_ids_fit_and_read_back_as_int64(tmp_path):
+    from graphstore.layout._staging import EdgeStager
+
+    src, dst, rel = np.array([0, 5, 9]), np.array([9, 0, 5]), np.array([2, 0, 1])
+    for num_nodes, suffix in [(10, "i32"), ((1 << 31) + 1, "i64")]:
+        with EdgeStager(str(tmp_path / suffix), num_nodes=num_nodes, with_rel=True) as stager:
+            stager.append(src, dst, rel)
+            staged = stager.finish()
+        assert staged.src_path.endswith(suffix) and staged.rel_path.endswith("i64")
+        assert os.path.getsize(staged.src_path) == 3 * staged.id_bytes and staged.max_rel == 2
+        (_, s, d, r), = staged.iter_chunks(10)
+        assert s.dtype == d.dtype == r.dtype == np.int64
+        np.testing.assert_array_equal(np.stack([s, d, r]), np.stack([src, dst, rel]))
+
+
 # ------------------------------------------------------------ the kernel's pieces alone
 
 
@@ -199,7 +214,8 @@ def test_sort_group_matches_numpy(tmp_path, size, p, num_relations, keep_duplica
         np.testing.assert_array_equal(out_degree, np.bincount(want_s, minlength=n))
 
 
-def test_pack_chunk_groups_by_destination_partition(tmp_path):
+@pytest.mark.parametrize("staged_bytes", [4, 8])
+def test_pack_chunk_groups_by_destination_partition(tmp_path, staged_bytes):
     rng = np.random.default_rng(5)
     n, size, p, m, start = 5000, 700, 8, 200_000, 1000  # more than one BLOCK of reads
     store_id = rng.permutation(n).astype(np.int32)
@@ -207,13 +223,14 @@ def test_pack_chunk_groups_by_destination_partition(tmp_path):
     rel = rng.integers(0, 6, start + m)
     runs = np.array([[0, 500], [1200, 70_000], [150_000, 150_001], [190_000, 400_000]], dtype=np.int64)
     paths = {}
-    for name, values in [("src", src), ("dst", dst), ("rel", rel)]:
-        paths[name] = tmp_path / f"{name}.i64"
-        paths[name].write_bytes(values.astype(np.int64).tobytes())
+    ids = np.int32 if staged_bytes == 4 else np.int64
+    for name, values, dtype in [("src", src, ids), ("dst", dst, ids), ("rel", rel, np.int64)]:
+        paths[name] = tmp_path / f"{name}.bin"
+        paths[name].write_bytes(values.astype(dtype).tobytes())
     fds = [os.open(paths[k], os.O_RDONLY) for k in ("src", "dst", "rel")]
     try:
-        grouped, counts = native.pack_chunk(tuple(fds), {}, start, m, runs, store_id, size=size, p=p, b=10,
-                                            rel_bits=3)
+        grouped, counts = native.pack_chunk(tuple(fds), {}, start, m, runs, store_id, staged_bytes=staged_bytes,
+                                            size=size, p=p, b=10, rel_bits=3)
     finally:
         for fd in fds:
             os.close(fd)

@@ -56,7 +56,8 @@ def cut_fraction(labels: np.ndarray, src: np.ndarray, dst: np.ndarray) -> float:
 
 def scratch_left(directory) -> list[str]:
     """Files next to the staged edges that are not the stager's own."""
-    return sorted(set(os.listdir(directory)) - {"edges_src.i64", "edges_dst.i64", "in_count.npy"})
+    return sorted(set(os.listdir(directory)) - {"edges_src.i32", "edges_dst.i32", "edges_src.i64", "edges_dst.i64",
+                                                "in_count.npy"})
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@
 
 enum { GS_OK = 0, GS_SHORT = 1, GS_IO_ERROR = 2 };
 
-GS_EXPORT int32_t gs_edges_abi_version(void) { return 1; }
+GS_EXPORT int32_t gs_edges_abi_version(void) { return 2; }
 
 /* 1 when gs_edges_sort_group's out-degree increments are atomic, so that several groups
  * may be sorted at once; 0 (a compiler without atomics) means one at a time. */
@@ -111,40 +111,45 @@ enum { BLOCK = 1 << 16 }; /* edges read per pread: 512 KiB a column */
 
 /* Pack staged rows [start, start + m) into keys grouped by destination partition.
  *
- * src_fd, dst_fd, rel_fd (-1: no relations): the staged int64 columns. runs [num_runs, 2]:
+ * src_fd, dst_fd, rel_fd (-1: no relations): the staged columns, endpoints of staged_bytes
+ * (4 or 8) each, relations int64. runs [num_runs, 2]:
  * ascending disjoint [start, stop) row ranges of added reverse edges. store_id: [N] ids of
  * id_bytes (4 or 8). io: 3 * BLOCK int64 of scratch; part: [m] int32 and keys: [m] uint64 of
  * scratch. Out: grouped [m] uint64, partition j's keys (in row order) at
  * grouped[sum(counts[:j])...]; counts [p] int64, zeroed here.
  * Returns GS_OK, or GS_SHORT / GS_IO_ERROR with *bad_fd the file and *err its errno. */
-GS_EXPORT int gs_edges_pack_chunk(int32_t src_fd, int32_t dst_fd, int32_t rel_fd, int64_t start, int64_t m,
-                                  const int64_t *runs, int64_t num_runs, const void *store_id, int32_t id_bytes,
+GS_EXPORT int gs_edges_pack_chunk(int32_t src_fd, int32_t dst_fd, int32_t rel_fd, int32_t staged_bytes,
+                                  int64_t start, int64_t m, const int64_t *runs, int64_t num_runs, const void *store_id, int32_t id_bytes,
                                   int64_t size, int64_t p, int32_t b, int32_t rel_bits, int64_t *io, int32_t *part,
                                   uint64_t *keys, uint64_t *grouped, int64_t *counts, int32_t *bad_fd, int32_t *err) {
     const double inverse = 1.0 / (double)size;
     const int sl_shift = rel_bits + 1, dl_shift = b + rel_bits + 1, sp_shift = 2 * b + rel_bits + 1;
-    int64_t *src = io, *dst = io + BLOCK, *rel = io + 2 * BLOCK;
+    void *src = io, *dst = io + BLOCK;
+    int64_t *rel = io + 2 * BLOCK;
     int64_t run = 0;
     memset(counts, 0, (size_t)p * sizeof(int64_t));
     while (run < num_runs && runs[2 * run + 1] <= start) run++;
     for (int64_t lo = 0; lo < m; lo += BLOCK) {
-        int64_t n = m - lo < BLOCK ? m - lo : BLOCK, off = (start + lo) * 8;
+        int64_t n = m - lo < BLOCK ? m - lo : BLOCK, off = (start + lo) * staged_bytes;
         int status;
-        if ((status = read_full(src_fd, src, n * 8, off, err))) { *bad_fd = src_fd; return status; }
-        if ((status = read_full(dst_fd, dst, n * 8, off, err))) { *bad_fd = dst_fd; return status; }
-        if (rel_fd >= 0 && (status = read_full(rel_fd, rel, n * 8, off, err))) { *bad_fd = rel_fd; return status; }
+        if ((status = read_full(src_fd, src, n * staged_bytes, off, err))) { *bad_fd = src_fd; return status; }
+        if ((status = read_full(dst_fd, dst, n * staged_bytes, off, err))) { *bad_fd = dst_fd; return status; }
+        if (rel_fd >= 0 && (status = read_full(rel_fd, rel, n * 8, (start + lo) * 8, err))) {
+            *bad_fd = rel_fd;
+            return status;
+        }
         for (int64_t i = 0; i < n; i++) {
             /* The id maps are [N] arrays read at random: ask for the lines ahead of use. */
             if (i + 16 < n) {
-                GS_PREFETCH((const char *)store_id + src[i + 16] * id_bytes);
-                GS_PREFETCH((const char *)store_id + dst[i + 16] * id_bytes);
+                GS_PREFETCH((const char *)store_id + load_id(src, staged_bytes, i + 16) * id_bytes);
+                GS_PREFETCH((const char *)store_id + load_id(dst, staged_bytes, i + 16) * id_bytes);
             }
             int64_t row = start + lo + i;
             while (run < num_runs && runs[2 * run + 1] <= row) run++;
             uint64_t added = run < num_runs && runs[2 * run] <= row;
             int64_t sl, dl;
-            int64_t sp = divmod(load_id(store_id, id_bytes, src[i]), size, inverse, &sl);
-            int64_t dp = divmod(load_id(store_id, id_bytes, dst[i]), size, inverse, &dl);
+            int64_t sp = divmod(load_id(store_id, id_bytes, load_id(src, staged_bytes, i)), size, inverse, &sl);
+            int64_t dp = divmod(load_id(store_id, id_bytes, load_id(dst, staged_bytes, i)), size, inverse, &dl);
             uint64_t key = (uint64_t)sp << sp_shift | (uint64_t)dl << dl_shift | (uint64_t)sl << sl_shift | added;
             if (rel_fd >= 0) key |= (uint64_t)rel[i] << 1;
             keys[lo + i] = key;

@@ -24,7 +24,7 @@ __all__ = ["ABI_VERSION", "BLOCK", "library", "load_error", "pack_chunk", "sort_
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 """What ``gs_edges_abi_version()`` must return: a stale build is refused."""
 BLOCK = 1 << 16
 """Edges `pack_chunk` reads per request (``BLOCK`` in edges.c): its io scratch is 3 * BLOCK int64."""
@@ -40,8 +40,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
         return None, error
     lib.gs_edges_threadsafe.restype, lib.gs_edges_threadsafe.argtypes = _I32, []
     lib.gs_edges_pack_chunk.restype = ctypes.c_int
-    lib.gs_edges_pack_chunk.argtypes = [_I32, _I32, _I32, _I64, _I64, _P, _I64, _P, _I32, _I64, _I64, _I32, _I32,
-                                        _P, _P, _P, _P, _P, _P, _P]
+    lib.gs_edges_pack_chunk.argtypes = [_I32, _I32, _I32, _I32, _I64, _I64, _P, _I64, _P, _I32, _I64, _I64, _I32,
+                                        _I32, _P, _P, _P, _P, _P, _P, _P]
     lib.gs_edges_write_groups.restype = ctypes.c_int
     lib.gs_edges_write_groups.argtypes = [_I32, _P, _P, _P, _I64, _P]
     lib.gs_edges_sort_group.restype = ctypes.c_int
@@ -82,9 +82,11 @@ def _raise(code: int, err: int, path: str, what: str) -> None:
 
 
 def pack_chunk(fds: tuple[int, int, int], paths: dict[int, str], start: int, count: int, runs: np.ndarray,
-               store_id: np.ndarray, *, size: int, p: int, b: int, rel_bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Staged rows ``[start, start + count)`` (files ``fds`` = src, dst, rel or -1) as keys
-    grouped by destination partition: ``([count] uint64, [p] int64 counts)``. ``runs``
+               store_id: np.ndarray, *, staged_bytes: int, size: int, p: int, b: int, rel_bits: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Staged rows ``[start, start + count)`` (files ``fds`` = src, dst, rel or -1; endpoints
+    of ``staged_bytes`` each, relations int64) as keys grouped by destination partition:
+    ``([count] uint64, [p] int64 counts)``. ``runs``
     ([k, 2] int64) are the added-reverse row ranges; ``store_id`` the [N] id map (int32 or
     int64, possibly file-backed). ``paths`` names each fd for errors."""
     lib = library()
@@ -94,9 +96,9 @@ def pack_chunk(fds: tuple[int, int, int], paths: dict[int, str], start: int, cou
     grouped = np.empty(count, dtype=np.uint64)
     counts = np.empty(p, dtype=np.int64)
     bad_fd, err = ctypes.c_int32(-1), ctypes.c_int32(0)
-    code = lib.gs_edges_pack_chunk(fds[0], fds[1], fds[2], start, count, _ptr(runs), len(runs), _ptr(store_id),
-                                   store_id.itemsize, size, p, b, rel_bits, _ptr(io), _ptr(part), _ptr(keys),
-                                   _ptr(grouped), _ptr(counts), ctypes.byref(bad_fd), ctypes.byref(err))
+    code = lib.gs_edges_pack_chunk(fds[0], fds[1], fds[2], staged_bytes, start, count, _ptr(runs), len(runs),
+                                   _ptr(store_id), store_id.itemsize, size, p, b, rel_bits, _ptr(io), _ptr(part),
+                                   _ptr(keys), _ptr(grouped), _ptr(counts), ctypes.byref(bad_fd), ctypes.byref(err))
     if code != _OK:
         _raise(code, err.value, paths.get(bad_fd.value, "staged edges"), f"staged rows {start}..{start + count}")
     return grouped, counts
