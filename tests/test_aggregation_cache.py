@@ -185,7 +185,7 @@ def test_the_macrobatch_loader_reads_it_with_the_features_and_trains(cora_path):
 def test_the_trainer_takes_it(cora_path, tmp_path):
     metrics = tmp_path / "m.json"
     args = ["--store", str(cora_path), "--scheme", "macrobatch", "--model", "gcn", "--epochs", "3",
-            "--fanouts", "5,5", "--aggregation-cache", "--metrics", str(metrics)]
+            "--fanouts", "5,5", "--aggregation-cache", "--metrics-out", str(metrics)]
     sys.path.insert(0, str(REPO))
     from trainers.node_classification import main as train
 
