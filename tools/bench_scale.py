@@ -55,6 +55,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -235,6 +236,22 @@ def disk_estimate_bytes(num_nodes: int, avg_degree: float, feature_dim: int, fea
     return {"source": int(source), "store": int(store), "peak": int(source + store + staging)}
 
 
+def width_for_disk(num_nodes: int, avg_degree: float, feature_dim: int, feature_dtype: str, free_bytes: int,
+                   *, least: int = 16) -> int | None:
+    """``feature_dim``, halved until `disk_estimate_bytes`'s peak fits in ``free_bytes`` (the
+    issue: "narrower where the disk is short"); None when even ``least`` columns do not fit.
+
+    >>> [width_for_disk(50_000_000, 28, 128, "float16", gb * 10**9) for gb in (200, 70, 40)]
+    [128, 64, None]
+    """
+    dim = feature_dim
+    while disk_estimate_bytes(num_nodes, avg_degree, dim, feature_dtype)["peak"] > free_bytes:
+        if dim <= least:
+            return None
+        dim = max(least, dim // 2)
+    return dim
+
+
 # ---------------------------------------------------------------------- children
 
 def child(spec: dict) -> None:
@@ -355,6 +372,18 @@ CHILDREN = {"generate": _child_generate, "convert": _child_convert, "targets": _
 
 # ---------------------------------------------------------------------- one run
 
+def git_head() -> str | None:
+    """The checkout's commit, with ``+`` when graphstore/ has uncommitted changes (None without git)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "graphstore"], cwd=REPO, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+" if dirty else "")
+
+
 class DiskPeak:
     """The largest size of the files under ``path`` while the block runs, sampled every
     ``interval_s`` by a thread (a conversion's staging lives beside its store)."""
@@ -390,12 +419,16 @@ class Run:
         self.args, self.log = args, log
         self.num_nodes, self.feature_dim, self.avg_degree = num_nodes, feature_dim, avg_degree
         self.structure_heavy = structure_heavy
-        self.name = f"n{num_nodes}_d{feature_dim}_deg{avg_degree:g}"
+        self.name = self.name_of(num_nodes=num_nodes, feature_dim=feature_dim, avg_degree=avg_degree)
         self.dir = args.work / self.name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.record_path = self.dir / "stages.json"
         self.record = json.loads(self.record_path.read_text()) if self.record_path.exists() else {}
         self.source, self.store = self.dir / "source", self.dir / "store.gs"
+
+    @staticmethod
+    def name_of(*, num_nodes: int, feature_dim: int, avg_degree: float, **_) -> str:
+        return f"n{num_nodes}_d{feature_dim}_deg{avg_degree:g}"
 
     def save(self) -> None:
         benchkit.write_json(self.record_path, self.record)
@@ -424,6 +457,7 @@ class Run:
         with DiskPeak(self.dir) as disk:
             result = self.spawn(stage, kind, spec, cap_bytes)
         result["disk_peak_bytes"] = disk.peak_bytes  # the run's folder: source, staging and store
+        result["commit"] = git_head()  # a long sequence may span commits of the package
         self.record[stage] = result
         self.save()
         self.log(f"{self.name} {stage}: {result['s']:.1f} s, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB, "
@@ -485,7 +519,7 @@ class Run:
     def row(self) -> dict:
         conv = self.record.get("convert", {})
         keep = ("s", "process_s", "peak_rss_bytes", "cgroup_peak_bytes", "mem_cap_bytes", "oom_kills", "cap_hits",
-                "disk_peak_bytes")
+                "disk_peak_bytes", "commit")
         stages = {}
         for stage, rec in self.record.items():
             stages[stage] = {k: rec.get(k) for k in keep}
@@ -610,6 +644,13 @@ def main(argv: list[str] | None = None) -> int:
     plan.sort(key=lambda item: item["num_nodes"] * item["avg_degree"])  # as far as it gets: smallest first
     runs, errors = [], []
     for item in plan:
+        if not item["structure_heavy"] and not (args.work / Run.name_of(**item) / "stages.json").exists():
+            free = shutil.disk_usage(args.work).free
+            dim = width_for_disk(item["num_nodes"], item["avg_degree"], item["feature_dim"], args.feature_dtype, free)
+            if dim is not None and dim != item["feature_dim"]:
+                log(f"{item['num_nodes']:,} nodes: {dim}-d features, not {item['feature_dim']}-d: the disk has "
+                    f"{free / 1e9:.0f} GB free")
+                item = dict(item, feature_dim=dim)
         run = Run(args, log=log, **item)
         try:
             runs.append(run.execute())
