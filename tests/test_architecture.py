@@ -34,9 +34,10 @@ ALLOWED = {
 
 # Top-level modules every stage may import: they hold what several stages share and no
 # stage's logic (the exception tree, the version, the ctypes loader of the compiled
-# kernels, the registry shape, byte sizes and JSON values, the one METIS wrapper), and they
+# kernels, the registry shape, byte sizes and JSON values, the one METIS wrapper, the C
+# heap's trim and threshold), and they
 # import nothing but each other, so importing them can never point a stage upstream.
-LEAF_MODULES = {"errors", "_version", "_native_lib", "registry", "units", "_metis"}
+LEAF_MODULES = {"errors", "_version", "_native_lib", "registry", "units", "_metis", "_heap"}
 
 
 def imported_stages(path: Path) -> set[str]:
