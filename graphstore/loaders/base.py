@@ -7,10 +7,10 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from graphstore._heap import bound_heap_growth
 from graphstore.buffer import BufferMemory, BufferStats, StaticCache
 from graphstore.buffer.budget import BufferFootprint, capacity_for_budget
 from graphstore.buffer.policies import EpochPlan
-from graphstore._heap import bound_heap_growth
 from graphstore.errors import ConfigError, OutOfCoreWarning
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store

@@ -38,12 +38,12 @@ from typing import Protocol, TypeVar
 import numpy as np
 import torch
 
+from graphstore._heap import trim_heap
 from graphstore.buffer import BufferManager, BufferMemory, BufferStats, StaticCache, plan_epoch
 from graphstore.buffer.manager import LoadedState
 from graphstore.buffer.policies import EpochPlan
 from graphstore.buffer.resident import ResidentGraph, build_structure_graph
 from graphstore.buffer.slots import lookahead_within, slots_needed
-from graphstore._heap import trim_heap
 from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
