@@ -81,10 +81,10 @@ from typing import Self
 import numpy as np
 import torch
 
+from graphstore._heap import trim_heap
 from graphstore.buffer.manager import _bucket_spans
 from graphstore.buffer.policies import plan_epoch
 from graphstore.buffer.slots import assign_slots, slots_needed
-from graphstore._heap import trim_heap
 from graphstore.errors import ConfigError, CorruptStoreError
 from graphstore.layout.dtypes import decode
 from graphstore.layout.store import Store
