@@ -445,7 +445,8 @@ class Run:
                                f"{measured.get('oom_kills')}): {measured['stderr'][-1500:]}")
         result = json.loads(out.read_text())
         out.unlink()
-        return {**result, "process_s": measured["seconds"], "peak_rss_bytes": result.pop("vm_hwm_bytes"),
+        peak = result.pop("vm_hwm_bytes")
+        return {**result, "process_s": measured["seconds"], "peak_rss_bytes": peak,
                 "cgroup_peak_bytes": measured["cgroup_peak_bytes"], "cap_hits": measured["cap_hits"],
                 "oom_kills": measured["oom_kills"], "mem_cap_bytes": cap}
 
