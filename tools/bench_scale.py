@@ -425,6 +425,8 @@ class Run:
         self.record_path = self.dir / "stages.json"
         self.record = json.loads(self.record_path.read_text()) if self.record_path.exists() else {}
         self.source, self.store = self.dir / "source", self.dir / "store.gs"
+        self.failed: dict | None = None
+        """The stage that failed in this invocation: exit code, OOM kills, the cgroup's peak."""
 
     @staticmethod
     def name_of(*, num_nodes: int, feature_dim: int, avg_degree: float, **_) -> str:
@@ -441,6 +443,10 @@ class Run:
         measured = benchkit.run_child(__file__, spec, cap_bytes=cap, name="bench_scale",
                                       drop_cache=self.args.iso["page_cache_dropped"])
         if measured["returncode"] != 0 or not out.exists():
+            self.failed = {"stage": stage, "returncode": measured["returncode"], "process_s": measured["seconds"],
+                           "oom_kills": measured["oom_kills"], "cgroup_peak_bytes": measured["cgroup_peak_bytes"],
+                           "mem_cap_bytes": cap, "stderr_tail": measured["stderr"][-800:],
+                           "command": spec.get("command")}
             raise RuntimeError(f"{self.name} {stage} failed ({measured['returncode']}, oom kills "
                                f"{measured.get('oom_kills')}): {measured['stderr'][-1500:]}")
         result = json.loads(out.read_text())
@@ -505,7 +511,8 @@ class Run:
             if stage not in a.stages:
                 continue
             cap = a.train_cap_bytes + (structure if scheme == "macrobatch" else 0)
-            self.stage(stage, "epoch", dict(common, scheme=scheme, buffer_bytes=a.train_cap_bytes - PROCESS_BYTES), cap)
+            budget = a.train_cap_bytes - PROCESS_BYTES
+            self.stage(stage, "epoch", dict(common, scheme=scheme, buffer_bytes=budget), cap)
         if "infer" in a.stages:
             self.stage("infer", "infer", {"store": str(self.store), "seed": a.seed, "threads": a.threads,
                                           "hidden": a.hidden, "buffer_bytes": a.train_cap_bytes - PROCESS_BYTES,
@@ -533,7 +540,8 @@ class Run:
                 "avg_degree_generated": self.avg_degree, "feature_dim": self.feature_dim,
                 "feature_dtype": self.args.feature_dtype,
                 "feature_bytes": self.num_nodes * self.feature_dim * FEATURE_BYTES[self.args.feature_dtype],
-                "structure_heavy": self.structure_heavy, "partitions": conv.get("num_partitions"),
+                "structure_heavy": self.structure_heavy, "failed": self.failed,
+                "partitions": conv.get("num_partitions"),
                 "partitioner": conv.get("partitioner"), "index_dtype": conv.get("index_dtype"),
                 "store_bytes": conv.get("store_bytes"),
                 "source_bytes": self.record.get("generate", {}).get("source_bytes"),

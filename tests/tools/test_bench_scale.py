@@ -6,6 +6,7 @@ slow test runs every stage (the epochs, inference, the structure-heavy run's ver
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -101,6 +102,7 @@ def test_smoke_run_writes_every_field_and_resumes_without_rerunning(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["errors"] == []
     assert [r["num_nodes"] for r in doc["runs"]] == [2000, 4000]
+    assert all(r["failed"] is None for r in doc["runs"])
     for run in doc["runs"]:
         assert run["feature_dim"] == 128 and run["feature_dtype"] == "float16"
         assert run["stored_edges"] > 2000 * 20  # about 28 per node, symmetrised, less duplicates
@@ -120,6 +122,19 @@ def test_smoke_run_writes_every_field_and_resumes_without_rerunning(tmp_path):
     assert code == 0
     again = json.loads(out.read_text())
     assert [r["stages"] for r in again["runs"]] == [r["stages"] for r in doc["runs"]]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not bs.benchkit.CGROUP_ROOT.is_dir(), reason="needs root and cgroup v1")
+def test_a_stage_killed_by_its_cap_is_reported_in_its_row(tmp_path):
+    # 1 MiB cannot hold the interpreter: the conversion is OOM-killed, the run says so.
+    code, out = _smoke(tmp_path, "--sizes", "2000", "--stages", "generate,convert", "--convert-cap-mib", "1")
+    assert code == 1
+    doc = json.loads(out.read_text())
+    (run,) = doc["runs"]
+    assert doc["errors"] and run["name"] in doc["errors"][0]
+    assert run["failed"]["stage"] == "convert" and run["failed"]["returncode"] != 0
+    assert "convert" not in run["stages"] and run["stored_edges"] is None
+    assert "python -m graphstore convert" in run["failed"]["command"]
 
 
 @pytest.mark.slow
