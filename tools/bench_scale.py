@@ -169,10 +169,12 @@ def target_point(spec: dict, feature_dtype: str = "float16") -> dict:
             "feature_bytes": spec["num_nodes"] * spec["feature_dim"] * FEATURE_BYTES[feature_dtype]}
 
 
-def project(fits: dict[str, dict | None], targets: dict | None = None) -> dict:
+def project(fits: dict[str, dict | None], targets: dict | None = None, phases: dict | None = None) -> dict:
     """Every stage's fit at each target graph: ``{name: {"convert_s", "peak_rss_bytes",
     "stages": {stage: {"s", "peak_rss_bytes"}}, ...}}``; a peak RSS is at least the largest
-    measured (a cap bounds it; a flat fit should not project less than was seen)."""
+    measured (a cap bounds it; a flat fit should not project less than was seen). With
+    ``phases`` (`fit_phases`), ``convert_s`` is the sum of the phases' projections and the
+    conversion fit's own is ``convert_s_stage_fit``."""
     out = {}
     for name, spec in (targets or TARGETS).items():
         point = target_point(spec)
@@ -187,12 +189,56 @@ def project(fits: dict[str, dict | None], targets: dict | None = None) -> dict:
         conv = stages.get("convert", {})
         out[name] = {**point, "feature_dim": spec["feature_dim"], "feature_dtype": "float16",
                      "convert_s": conv.get("s"), "peak_rss_bytes": conv.get("peak_rss_bytes"), "stages": stages}
+        if phases:
+            by_phase = {phase: predict(model, point) for phase, model in phases.items()}
+            out[name].update(convert_s=sum(by_phase.values()), convert_s_stage_fit=conv.get("s"),
+                             convert_phases_s=by_phase)
     return out
 
 
+def _large_graph_runs(runs: list[dict]) -> list[dict]:
+    """The runs converted by the partitioner the projected graphs get (``stream``: the default
+    above 50M staged edges), when two sizes have it; else every run."""
+    stream = [r for r in runs if r.get("partitioner") == "stream"]
+    return stream if len({r["num_nodes"] for r in stream}) >= 2 else runs
+
+
 def fit_runs(runs: list[dict]) -> dict:
-    """`fit_stage` of every stage (the structure-heavy run's ``verify`` is not fitted)."""
-    return {stage: fit_stage(runs, stage) for stage in STAGES}
+    """`fit_stage` of every stage (the structure-heavy run's ``verify`` is not fitted); the
+    conversion's over `_large_graph_runs` (METIS, the default below 50M staged edges, costs
+    five times as much per edge and never runs on the projected graphs)."""
+    fits = {stage: fit_stage(runs, stage) for stage in STAGES}
+    large = _large_graph_runs(runs)
+    if large is not runs:
+        fits["convert"] = fit_stage(large, "convert")
+        if fits["convert"] is not None:
+            fits["convert"]["partitioner"] = "stream"
+    return fits
+
+
+def fit_phases(runs: list[dict]) -> dict | None:
+    """Per conversion phase (as ``graphstore info`` times them), least squares of its seconds
+    on ``[1, feature_bytes]`` for ``write features`` and ``[1, stored_edges]`` for the rest
+    (a rate through the origin where the slope would be negative), over `_large_graph_runs`:
+    a projection that scales the features by their own bytes, which one fit over runs of one
+    width cannot (MAG240M's rows are 6x papers100M's)."""
+    done = [r for r in _large_graph_runs(runs)
+            if (r["stages"].get("convert", {}).get("detail") or {}).get("phases_s")]
+    if len({r["num_nodes"] for r in done}) < 2:
+        return None
+    phases = {p for r in done for p in r["stages"]["convert"]["detail"]["phases_s"]}
+    out = {}
+    for phase in sorted(phases):
+        x_name = "feature_bytes" if phase == "write features" else "stored_edges"
+        xs = [float(r[x_name]) for r in done]
+        ys = [float(r["stages"]["convert"]["detail"]["phases_s"].get(phase, 0.0)) for r in done]
+        coef = least_squares([[1.0, x] for x in xs], ys)
+        model = None if coef is None or coef[1] < 0 else {"intercept": coef[0], x_name: coef[1]}
+        if model is None:
+            rate = least_squares([[x] for x in xs], ys)
+            model = {x_name: max(rate[0], 0.0) if rate else 0.0}
+        out[phase] = model
+    return out
 
 
 def per_edge(runs: list[dict], stage: str = "convert") -> dict | None:
@@ -625,7 +671,7 @@ def parse_args(argv: list[str] | None):
 
 
 def document(args, runs: list[dict], argv, started: float, errors: list[str]) -> dict:
-    fits = fit_runs(runs)
+    fits, phases = fit_runs(runs), fit_phases(runs)
     return {"command": benchkit.command_line("tools/bench_scale.py", argv), "quick": args.quick,
             "settings": {"avg_degree": args.avg_degree, "feature_dim": args.feature_dim,
                          "feature_dtype": args.feature_dtype, "targets": args.targets, "fanouts": args.fanouts,
@@ -634,8 +680,10 @@ def document(args, runs: list[dict], argv, started: float, errors: list[str]) ->
                          **args.iso},
             "machine": benchkit.machine_record("cpus", "python", note=benchkit.SHARED_MACHINE_NOTE,
                                                load_average=list(os.getloadavg())),
-            "runs": runs, "errors": errors, "fit": fits, "convert_per_edge": per_edge(runs),
-            "projection": project(fits), "projection_assumes": "edges stored both ways (2x the source's), float16 "
+            "runs": runs, "errors": errors, "fit": fits, "convert_phases_fit": phases,
+            "convert_per_edge": per_edge(runs),
+            "convert_per_edge_stream": per_edge(_large_graph_runs(runs)),
+            "projection": project(fits, phases=phases), "projection_assumes": "edges stored both ways (2x the source's), float16 "
                                                               "features, the fit's model extrapolated",
             "seconds": time.perf_counter() - started}
 

@@ -73,6 +73,34 @@ def test_fit_falls_back_to_edges_alone_and_never_projects_less_memory_than_measu
     assert bs.fit_stage(runs[:1], "convert") is None
 
 
+def test_conversion_fit_and_phases_over_the_stream_partitioned_runs():
+    def run(n, part, phases):
+        r = _run(n, 28 * n, 256 * n, sum(phases.values()), 1 << 30)
+        r["partitioner"] = part
+        r["stages"]["convert"]["detail"] = {"phases_s": phases}
+        return r
+
+    # METIS at the smallest size costs 5x per edge; the projected graphs get stream.
+    runs = [run(1 << 20, "metis", {"partition": 240.0, "write features": 3.0, "write edges": 5.0}),
+            run(2 << 20, "stream", {"partition": 70.0, "write features": 6.0, "write edges": 8.0}),
+            run(4 << 20, "stream", {"partition": 140.0, "write features": 12.0, "write edges": 16.0})]
+    fits = bs.fit_runs(runs)
+    assert fits["convert"]["runs"] == 2 and fits["convert"]["partitioner"] == "stream"
+    assert fits["epoch_disk"] is None and fits["infer"]["runs"] == 3
+    phases = bs.fit_phases(runs)
+    assert set(phases["write features"]) == {"intercept", "feature_bytes"}
+    assert phases["write features"]["feature_bytes"] == pytest.approx(6.0 / (256 * (2 << 20)))
+    assert phases["partition"]["stored_edges"] == pytest.approx(70.0 / (28 * (2 << 20)))
+    proj = bs.project(fits, phases=phases)
+    for name, spec in bs.TARGETS.items():
+        point = bs.target_point(spec)
+        by_phase = proj[name]["convert_phases_s"]
+        assert by_phase["write features"] == pytest.approx(6.0 * point["feature_bytes"] / (256 * (2 << 20)), rel=1e-6)
+        assert proj[name]["convert_s"] == pytest.approx(sum(by_phase.values()))
+        assert proj[name]["convert_s_stage_fit"] is not None
+    assert bs.fit_phases(runs[:1]) is None  # one size: nothing to fit
+
+
 def test_per_edge_rate_is_over_the_runs_of_the_main_width():
     runs = [_run(1000, 10_000, 0, 1.0, 1), _run(2000, 20_000, 0, 2.6, 1),
             _run(1000, 50_000, 0, 100.0, 1, heavy=True)]
