@@ -108,9 +108,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="fraction of nodes (highest degree) whose features and a contiguous copy of their "
                         "edges form the hub group, HierBatching's static cache (0: none)")
     c.add_argument("--feature-dtype", choices=["float16", "bfloat16", "float32"],
-                   help="store the features in this dtype, cast chunk by chunk (default: the source's; float16 "
-                        "sources stay float16, the rest float32). bfloat16 is stored as uint16 bit patterns; a value "
-                        "beyond float16's range (|x| > 65504) is an error")
+                   help="store the features in this dtype, cast chunk by chunk (default: the source's; "
+                        "float16 sources stay float16, the rest float32). bfloat16 is stored as uint16 bit "
+                        "patterns; a value beyond float16's range (|x| > 65504) is an error")
     c.add_argument("--json", action="store_true", help="print the resulting summary as JSON")
 
     i = sub.add_parser("info", help="summarise a store")

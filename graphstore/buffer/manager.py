@@ -55,8 +55,8 @@ from graphstore.buffer.resident import Bucket, ResidentGraph, assemble_resident_
 from graphstore.buffer.slots import BufferMemory, SlotPlan, assign_slots, host_array, slots_needed
 from graphstore.errors import BufferClosedError, ConfigError, StoreWriteError
 from graphstore.layout import ReadStats
-from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.dtypes import storage_dtype
+from graphstore.layout.embeddings import EmbeddingTable
 from graphstore.layout.store import Store
 
 __all__ = ["BufferClosedError", "BufferManager", "BufferStats", "LoadedState", "planned_read_bytes"]

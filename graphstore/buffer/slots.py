@@ -38,8 +38,8 @@ from graphstore.layout import aligned_empty
 from graphstore.layout.dtypes import storage_dtype
 from graphstore.layout.store import Store
 
-__all__ = ["BufferMemory", "SlotPlan", "assign_slots", "feature_tensor_dtype", "host_array", "lookahead_within",
-           "rows_as_tensor", "slots_needed"]
+__all__ = ["BufferMemory", "SlotPlan", "assign_slots", "feature_tensor_dtype", "host_array",
+           "lookahead_within", "rows_as_tensor", "slots_needed"]
 
 
 def feature_tensor_dtype(name: str | None) -> torch.dtype:

@@ -83,8 +83,8 @@ class PartitionedFetch:
         self.bounds = np.array([min(a * size, n) for a, _ in blocks] + [n], dtype=np.int64)
         self.lo, self.hi = int(self.bounds[self.rank]), int(self.bounds[self.rank + 1])
         # float32 numbers (bfloat16's stored bits decoded, not converted as integers).
-        parts = [decode(store.read_rows(name, self.lo, self.hi), store.manifest.feature_dtype if name == "nodes/features"
-                        else "float32") for name in self.arrays]
+        dtypes = {"nodes/features": store.manifest.feature_dtype}  # the aggregates are float32
+        parts = [decode(store.read_rows(name, self.lo, self.hi), dtypes.get(name, "float32")) for name in self.arrays]
         rows = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         self.rows = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
         """[hi - lo, dim]: the owned rows, the only feature rows this rank holds."""

@@ -207,7 +207,8 @@ def load_block_data(store, graph: RankGraph, *, dtype: torch.dtype | None = torc
     return BlockData(x, y, rows)
 
 
-def _read_block_features(store, partitions: range, lo: int, hi: int, dtype: torch.dtype | None) -> torch.Tensor:
+def _read_block_features(store, partitions: range, lo: int, hi: int,
+                         dtype: torch.dtype | None) -> torch.Tensor:
     """float [hi - lo, D] of ``dtype`` (None: the stored one): each partition read straight
     into its rows when the store holds ``dtype``, else read and converted into them (no
     concatenated copy)."""

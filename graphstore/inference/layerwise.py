@@ -747,7 +747,8 @@ class _Walk:
             # bfloat16 store's uint16 bits decoded, float16 widened (exact).
             read_bytes = np.asarray(block).nbytes
             stored = source is None and input_rows is None
-            block = decode(block, store.manifest.feature_dtype) if stored else np.asarray(block, dtype=np.float32)
+            name = store.manifest.feature_dtype if stored else "float32"
+            block = decode(block, name)
             deg = store.read_rows("nodes/in_degree", *store.partition_range(k)) if gcn else None
             counts = self._relation_counts(k, layer.num_relations) if rgcn else None
             return self._pinned(torch.from_numpy(block)), deg, counts, read_bytes

@@ -34,7 +34,8 @@ def write_features(layout: StoreWriter, graph: SourceGraph, store_id: np.ndarray
     then copied in store order into chunk-aligned Zarr writes.
     """
     if feature_dtype is not None and feature_dtype not in FEATURE_DTYPES:
-        raise ConfigError(f"--feature-dtype must be one of {', '.join(FEATURE_DTYPES)} (got {feature_dtype!r})")
+        raise ConfigError(f"--feature-dtype must be one of {', '.join(FEATURE_DTYPES)} "
+                          f"(got {feature_dtype!r})")
     if graph.features is None or graph.feature_dim == 0:
         return None
     n, d = graph.num_nodes, graph.feature_dim
@@ -88,10 +89,10 @@ def _encoded(graph: SourceGraph, chunk: np.ndarray, name: str, seen: int) -> np.
     if bad is not None:
         row, col = bad
         limit = f"|x| <= {FLOAT16_MAX:g}" if name == "float16" else "|x| < 3.39e38"
-        raise SourceError(f"{graph.where('features')} {graph.describe_feature_row(seen + row)}: feature value "
-                          f"{chunk[row, col]:g} in column {col} is out of {name}'s range ({limit}); convert with "
-                          f"--feature-dtype {'bfloat16 or ' if name == 'float16' else ''}float32, or rescale the "
-                          "features")
+        wider = "bfloat16 or float32" if name == "float16" else "float32"
+        raise SourceError(f"{graph.where('features')} {graph.describe_feature_row(seen + row)}: feature "
+                          f"value {chunk[row, col]:g} in column {col} is out of {name}'s range ({limit}); "
+                          f"convert with --feature-dtype {wider}, or rescale the features")
     return stored
 
 
