@@ -71,5 +71,7 @@ def test_a_buffer_derived_from_each_ranks_memory_is_the_least_of_them(stores, tm
                        "--store", stores["eight"], "--scheme", "megabatch", *NC, "--metrics-out", out)
     assert code == 0, err[-3000:]
     config = json.loads(out.read_text())["config"]
-    assert config["buffer_bytes"] == 512 << 20  # half of the smaller rank's 1 GiB
+    # Half of the smaller rank's 1 GiB is the budget; an eighth of it is for the batch in training.
+    assert config["buffer_bytes"] + config["micro_batch_budget"] == 512 << 20
+    assert config["micro_batch_budget"] == 64 << 20
     assert "least of 2 ranks" in config["derived"]["buffer_bytes"]
