@@ -14,6 +14,7 @@ sampling            DENSE against DGL and the reference sampler: ms per batch
 buffer              the partition buffer: load bandwidth against dd; stall with and without prefetch
 convert             conversion under a 1 GiB cap: time by phase, peak memory
 partition           the partitioners: edge cut, time, peak memory, at 1M and 7.3M nodes
+scale               doubling sizes: each stage's seconds and peak RSS, conversion per edge
 ==================  =========================================================================
 
 Usage (from the repository root; needs matplotlib, ``pip install -e .[plot]``)::
@@ -481,6 +482,63 @@ def plot_partition(b: Bench):
     return fig
 
 
+# ---------------------------------------------------------------------- scale
+
+def plot_scale(b: Bench):
+    runs = b.get("runs")
+    main = [r for r in runs if not r.get("structure_heavy")]
+    stages = ("generate", "convert", "epoch_megabatch", "epoch_disk", "epoch_macrobatch", "infer")
+    fig = _figure(14, 4.6)
+    ax_time, ax_edge, ax_rss = fig.subplots(1, 3)
+    for i, stage in enumerate(stages):
+        done = [(r["stored_edges"], r["num_nodes"], r["stages"][stage]) for r in main
+                if r.get("stored_edges") and r["stages"].get(stage, {}).get("s") is not None]
+        if not done:
+            continue
+        edges = np.array([e for e, _, _ in done], dtype=np.float64)
+        nodes = np.array([n for _, n, _ in done], dtype=np.float64)
+        ax_time.plot(edges, [s["s"] for _, _, s in done], "o-", color=f"C{i}", label=stage)
+        ax_rss.plot(nodes, [s["peak_rss_bytes"] / MIB for _, _, s in done], "o-", color=f"C{i}", label=stage)
+    for r in runs:  # the structure-heavy runs as open markers
+        if r.get("structure_heavy") and r.get("stored_edges"):
+            for i, stage in enumerate(stages):
+                rec = r["stages"].get(stage, {})
+                if rec.get("s") is not None:
+                    ax_time.plot([r["stored_edges"]], [rec["s"]], "o", mfc="none", color=f"C{i}")
+                    ax_rss.plot([r["num_nodes"]], [rec["peak_rss_bytes"] / MIB], "o", mfc="none", color=f"C{i}")
+    targets = b.get("settings", "targets")
+    ax_time.set(xscale="log", yscale="log", xlabel="stored edges (open: narrow-feature runs)",
+                ylabel=f"seconds (epochs: {targets:,} targets; infer: one layer)")
+    ax_time.legend(fontsize="small")
+    ax_time.grid(True, which="both", alpha=0.3)
+    conv = [(r["stored_edges"], r["stages"]["convert"]["s"], r.get("partitioner")) for r in main
+            if r.get("stored_edges") and r["stages"].get("convert", {}).get("s") is not None]
+    if conv:
+        e = np.array([c[0] for c in conv], dtype=np.float64)
+        per = np.array([c[1] for c in conv]) / e * 1e6
+        ax_edge.plot(e, per, "o-", color="C1")
+        for x, y, part in zip(e, per, (c[2] for c in conv)):
+            ax_edge.annotate(str(part), (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
+        ax_edge.axhspan(per.min(), per.min() * 1.3, color="C2", alpha=0.15, label="goal: within 1.3x of the least")
+        ax_edge.legend(fontsize="small")
+    ax_edge.set(xscale="log", xlabel="stored edges", ylabel="conversion seconds per million stored edges")
+    ax_edge.set_ylim(bottom=0)
+    ax_edge.grid(True, which="both", alpha=0.3)
+    settings = b.get("settings")
+    ax_rss.axhline(b.get("convert_cap_bytes", within=settings, where="settings.") / MIB, color="C3", linestyle="--",
+                   label="cap (macrobatch: plus its structure)")
+    ax_rss.set(xscale="log", xlabel="nodes", ylabel="peak RSS, MiB (VmHWM)")
+    ax_rss.legend(fontsize="small")
+    ax_rss.grid(True, which="both", alpha=0.3)
+    proj = b.get("projection", "papers100m")
+    convert_s = proj.get("convert_s")
+    fig.suptitle(f"Scale: papers100M-shaped graphs ({settings['feature_dim']}-d {settings['feature_dtype']}, "
+                 f"about {settings['avg_degree'] / 2:g} edges a node before symmetrising), every stage in its own "
+                 f"capped process, cold cache; projected papers100M conversion "
+                 + ("n/a" if convert_s is None else f"{convert_s / 60:,.0f} min"), fontsize="medium")
+    return fig
+
+
 #: figure name (= the JSON's stem and the PNG's) -> its drawing function
 FIGURES: dict[str, Callable[[Bench], Any]] = {
     "outofcore_300k": functools.partial(plot_outofcore, heading="Out-of-core training, issue 13's run"),
@@ -493,6 +551,7 @@ FIGURES: dict[str, Callable[[Bench], Any]] = {
     "buffer": plot_buffer,
     "convert": plot_convert,
     "partition": plot_partition,
+    "scale": plot_scale,
 }
 
 
