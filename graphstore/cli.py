@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="target bytes of features+edges per partition (default: 4MiB)")
     c.add_argument("--partitioner", choices=PARTITIONERS.names(),
                    help=_escape(PARTITIONERS.help_text() + " (default: metis, or stream for graphs too large for "
-                                "it, over 50M edges)"))
+                                "it: over 50M edges, or over 128 bytes an edge of the memory this process may use)"))
     c.add_argument("--seed", type=int, default=0, help="seeds the partitioner and generated splits")
     c.add_argument("--overwrite", action="store_true", help="replace OUT once the new store is complete")
     loops = c.add_mutually_exclusive_group()

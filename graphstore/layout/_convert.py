@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from graphstore._memory import available_memory
 from graphstore._version import __version__
 from graphstore.errors import ConfigError, SourceError, StoreExistsError, StoreWriteError
 from graphstore.layout._buckets import write_edges
@@ -71,7 +72,13 @@ with 88.5 % of its edges cut."""
 MAX_DEFAULT_PARTITIONS = 1024
 """Bound on the default p: bucket_offsets has p*p+1 entries."""
 METIS_AUTO_MAX_EDGES = 50_000_000
-"""``partitioner=None`` picks METIS up to this many staged edges, ``stream`` above it."""
+"""``partitioner=None`` picks METIS up to this many staged edges (and while it fits in
+memory, `METIS_BYTES_PER_EDGE`), ``stream`` above it."""
+METIS_BYTES_PER_EDGE = 128
+"""What METIS's partition phase takes per staged edge, for the default's memory check:
+measured 3,436 MiB at 29.4M staged edges and 2,992 MiB at 31.5M (117 and 100 bytes, the
+converter's own state included; `tools/bench_scale.py`), and OOM-killed under a 4 GiB cap
+at 45.9M."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,8 +281,12 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
         # choice for its embedding training.
         method, method_rule = "random", "default for a graph without features (learnable embeddings; MariusGNN's)"
     else:
-        method = "metis" if staged.num_edges <= METIS_AUTO_MAX_EDGES else "stream"
-        method_rule = f"default: metis up to {METIS_AUTO_MAX_EDGES} edges, stream above"
+        available, source = available_memory()
+        need = staged.num_edges * METIS_BYTES_PER_EDGE
+        method = "metis" if staged.num_edges <= METIS_AUTO_MAX_EDGES and need <= available else "stream"
+        method_rule = (f"default: metis up to {METIS_AUTO_MAX_EDGES} edges while its {METIS_BYTES_PER_EDGE} bytes "
+                       f"an edge ({need / 2**20:.0f} MiB) fit the {available / 2**20:.0f} MiB this process may "
+                       f"use ({source}), else stream")
     with _phase("partition", timings):
         part = partition_nodes(method, edges=staged, num_partitions=p, seed=opts.seed,
                                chunk_edges=opts.chunk_edges,

@@ -220,6 +220,18 @@ def test_convert_default_is_stream_above_metis_reach(tmp_path, monkeypatch, thre
     assert manifest.partitioner["requested"] == "auto"
 
 
+@pytest.mark.parametrize(("memory", "expected"), [("1MiB", "stream"), ("8GiB", "metis")])
+def test_convert_default_is_stream_where_metis_would_not_fit_in_memory(tmp_path, monkeypatch, memory, expected):
+    """METIS holds the whole graph (about METIS_BYTES_PER_EDGE a staged edge): under the
+    edge threshold, the default still takes stream where that would not fit the memory the
+    process may use (GRAPHSTORE_MEMORY_BYTES stands in for a cgroup cap), and says why."""
+    monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", memory)
+    graph, _ = make_graph(num_nodes=400, num_edges=20000)
+    manifest = convert(graph, tmp_path / "g.gs", ConvertOptions(num_partitions=4))
+    assert manifest.partitioner["method"] == expected
+    assert "GRAPHSTORE_MEMORY_BYTES" in manifest.partitioner["method_rule"]
+
+
 def test_convert_passes_the_budget_and_rejects_bad_ones(tmp_path, monkeypatch):
     graph, _ = make_graph(num_nodes=400, num_edges=2000)
     manifest = convert(graph, tmp_path / "g.gs", ConvertOptions(
