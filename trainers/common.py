@@ -270,10 +270,11 @@ def training_step_share(args: Any, *, buffer_bytes: int | None, whole_graph: boo
     so that the buffer, the batches made ahead and the batch being trained together stay
     within ``B``. A batch whose estimated step (`graphstore.nn.estimate_step_memory`)
     exceeds ``S`` is split into micro-batches (Betty) whose gradients add up to the batch's;
-    a batch within it trains as it is (the model's own state, `model_state_bytes`, is added
-    to ``S`` where the loader is made). ``({}, None)`` where it does not apply: the whole
-    graph resident (no byte budget bounds it), a capacity in partitions, or micro-batching
-    asked for by flag. A resumed run keeps its checkpoint's split."""
+    a batch within it trains as it is (the model's own state,
+    `graphstore.nn.model_state_bytes`, is added to ``S`` where the loader is made).
+    ``({}, None)`` where it does not apply: the whole graph resident (no byte budget bounds
+    it), a capacity in partitions, or micro-batching asked for by flag. A resumed run keeps
+    its checkpoint's split."""
     if (whole_graph or buffer_bytes is None or args.micro_batches is not None
             or args.micro_batch_budget is not None):
         return {}, None
@@ -284,13 +285,6 @@ def training_step_share(args: Any, *, buffer_bytes: int | None, whole_graph: boo
             "(its input rows and activations; the model's parameters, gradients and optimizer state, a fixed "
             "cost, come on top); a batch estimated above it is split into micro-batches")
     return {"buffer_bytes": int(buffer_bytes) - step, "micro_batch_budget": step}, rule
-
-
-def model_state_bytes(model: torch.nn.Module, optimizer: str = "adam") -> int:
-    """Parameters, their gradients and the optimizer's state (Adam: two moments a
-    parameter): what a training step holds whatever its batch."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    return params * (4 if optimizer == "adam" else 2)
 
 
 def loader_threads(args: Any) -> int:

@@ -117,6 +117,7 @@ from graphstore.nn import (
     class_weighted_cross_entropy,
     layer_degrees,
     micro_batch_backward,
+    model_state_bytes,
     normalize_rows,
     step_estimator,
 )
@@ -425,7 +426,7 @@ def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificat
     if args.micro_batching:
         budget = args.micro_batch_budget
         if budget is not None and "micro_batch_budget" in config.derived:
-            budget += common.model_state_bytes(model)  # the budget's share is for the batch alone
+            budget += model_state_bytes(model)  # the budget's share is for the batch alone
         micro_kw = dict(micro_batches=args.micro_batches, micro_batch_budget=budget,
                         micro_strategy=args.micro_strategy,
                         step_estimator=step_estimator(model) if budget is not None else None)

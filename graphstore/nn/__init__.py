@@ -39,6 +39,7 @@ from graphstore.nn.step_memory import (
     StepMemory,
     estimate_step_memory,
     measure_step_memory,
+    model_state_bytes,
     step_estimator,
 )
 
@@ -85,5 +86,6 @@ __all__ = [
     "segment_mean",
     "segment_softmax",
     "segment_sum",
+    "model_state_bytes",
     "step_estimator",
 ]

@@ -97,7 +97,8 @@ from graphstore.nn.layers import GNN, GATConv, GCNConv, GINConv, RGCNConv
 from graphstore.sample.base import DENSE
 from graphstore.sample.microbatch import DenseSizes, dense_sizes
 
-__all__ = ["OPTIMIZERS", "StepMemory", "estimate_step_memory", "measure_step_memory", "step_estimator"]
+__all__ = ["OPTIMIZERS", "StepMemory", "estimate_step_memory", "measure_step_memory", "model_state_bytes",
+           "step_estimator"]
 
 OPTIMIZERS = ("adam", "sgd", None)
 """Optimizers whose state is modelled: Adam (two moments), plain SGD (none), or no step."""
@@ -223,6 +224,15 @@ def _optimizer_bytes(optimizer: str | None, param_bytes: int, num_tensors: int) 
         raise ConfigError(f"optimizer must be one of {OPTIMIZERS} (got {optimizer!r})")
     # Adam: exp_avg and exp_avg_sq like each parameter, and a float32 step per tensor.
     return 2 * param_bytes + 4 * num_tensors if optimizer == "adam" else 0
+
+
+def model_state_bytes(model: nn.Module, optimizer: str | None = "adam") -> int:
+    """Parameters, one gradient each and the optimizer's state: what every training step
+    of ``model`` holds whatever its batch (`StepMemory`'s parameter, gradient and optimizer
+    bytes)."""
+    params = list(model.parameters())
+    param_bytes = sum(_nbytes(p) for p in params)
+    return 2 * param_bytes + _optimizer_bytes(optimizer, param_bytes, len(params))
 
 
 def _check_gin(layer: GINConv) -> None:
