@@ -101,7 +101,7 @@ class FullBatchOptions(Options):
                              help="SAR: edges aggregated at a time, at most (bounds every per-edge tensor; also at most an "
                                   "eighth of the rank's own in-edges, so the buffers shrink as ranks are added)")
     unfused: bool = option(False, help="SAR: aggregate each rank's edges whole (per-edge tensors of a whole piece)")
-    prefetch: bool = option(True, flag="--no-prefetch", help="SAR: fetch the next rank's rows while aggregating")
+    prefetch: bool = option(True, flag="--no-prefetch", help="SAR: fetch each rank's rows only when aggregating them, not during the previous rank's aggregation")
     dtype: str = option("float32", choices=("float32", "float64"))
     seed: int = option(0, type=int, help="model initialisation, and with the epoch, dropout")
     device: str = option("cpu", choices=("cpu", "cuda"), run_only=True)
