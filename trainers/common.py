@@ -37,7 +37,7 @@ import torch
 
 from graphstore.errors import ConfigError, GraphStoreError
 from graphstore.layout._durable import fsync_tree, write_atomically
-from graphstore.loaders.defaults import memory_budget
+from graphstore.loaders.defaults import memory_budget, step_share
 from graphstore.loaders.pipeline import default_loader_threads
 from graphstore.loaders.seeds import epoch_seed
 from graphstore.units import jsonable
@@ -257,16 +257,11 @@ def default_buffer(args: Any, *, whole_graph: bool, saved: dict[str, Any] | None
     return {"buffer_bytes": figure}, rule
 
 
-STEP_SHARE = 8
-"""An out-of-core scheme's byte budget keeps ``1/STEP_SHARE`` of itself for the batch being
-trained (its input rows, activations, gradients and optimizer step), the buffer the rest."""
-
-
 def training_step_share(args: Any, *, buffer_bytes: int | None, whole_graph: bool,
                         buffer_rule: str | None, saved: dict[str, Any] | None = None
                         ) -> tuple[dict[str, Any], str | None]:
     """Part of an out-of-core scheme's byte budget for the batch in training:
-    ``({"buffer_bytes": B - S, "micro_batch_budget": S}, rule)`` with ``S = B // STEP_SHARE``,
+    ``({"buffer_bytes": B - S, "micro_batch_budget": S}, rule)`` (`graphstore.loaders.defaults.step_share`),
     so that the buffer, the batches made ahead and the batch being trained together stay
     within ``B``. A batch whose estimated step (`graphstore.nn.estimate_step_memory`)
     exceeds ``S`` is split into micro-batches (Betty) whose gradients add up to the batch's;
@@ -280,11 +275,8 @@ def training_step_share(args: Any, *, buffer_bytes: int | None, whole_graph: boo
         return {}, None
     if buffer_rule == "the resumed checkpoint's" and saved is not None and saved.get("micro_batch_budget"):
         return {"micro_batch_budget": saved["micro_batch_budget"]}, "the resumed checkpoint's"
-    step = int(buffer_bytes) // STEP_SHARE
-    rule = (f"{step} bytes, 1/{STEP_SHARE} of the {int(buffer_bytes)}-byte budget, for the batch in training "
-            "(its input rows and activations; the model's parameters, gradients and optimizer state, a fixed "
-            "cost, come on top); a batch estimated above it is split into micro-batches")
-    return {"buffer_bytes": int(buffer_bytes) - step, "micro_batch_budget": step}, rule
+    rest, step, rule = step_share(buffer_bytes)  # the rule `graphstore plan` shows too
+    return {"buffer_bytes": rest, "micro_batch_budget": step}, rule
 
 
 def loader_threads(args: Any) -> int:

@@ -45,11 +45,13 @@ __all__ = [
     "BATCH_STEPS",
     "MAX_BATCH_SIZE",
     "MEMORY_SHARE",
+    "STEP_SHARE",
     "MemoryBudget",
     "default_batch_size",
     "feature_normalization",
     "link_prediction_defaults",
     "memory_budget",
+    "step_share",
 ]
 
 MAX_BATCH_SIZE = 1000
@@ -82,6 +84,9 @@ minibatch scheme holds it whole, and evaluation reads every row."""
 MEMORY_SHARE = 0.5
 """The buffer's share of the memory the process may still use; the rest is the model, the
 batches in flight, evaluation and the page cache the reads go through."""
+STEP_SHARE = 8
+"""An out-of-core scheme's byte budget keeps ``1/STEP_SHARE`` of itself for the batch being
+trained (its input rows, activations, gradients and optimizer step), the buffer the rest."""
 
 
 def default_batch_size(num_train: int) -> tuple[int, str]:
@@ -171,6 +176,25 @@ class MemoryBudget:
     def rule(self) -> str:
         return (f"{MEMORY_SHARE:g} of the memory this process may still use ({self.available / 2**20:.0f} MiB, "
                 f"{self.source})")
+
+
+def step_share(budget_bytes: int) -> tuple[int, int, str]:
+    """An out-of-core scheme's byte budget ``B`` split between the buffer and the batch in
+    training: ``(B - S, S, rule)`` with ``S = B // STEP_SHARE``, so that the buffer, the
+    batches made ahead and the batch being trained together stay within ``B``. A batch
+    whose estimated step exceeds ``S`` is split into micro-batches; the model's own state
+    (`graphstore.nn.model_state_bytes`) comes on top.
+
+    Examples
+    --------
+    >>> step_share(800)[:2]
+    (700, 100)
+    """
+    step = int(budget_bytes) // STEP_SHARE
+    rule = (f"{step} bytes, 1/{STEP_SHARE} of the {int(budget_bytes)}-byte budget, for the batch in training "
+            "(its input rows and activations; the model's parameters, gradients and optimizer state, a fixed "
+            "cost, come on top); a batch estimated above it is split into micro-batches")
+    return int(budget_bytes) - step, step, rule
 
 
 def memory_budget() -> MemoryBudget:
