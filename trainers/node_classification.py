@@ -104,7 +104,7 @@ from graphstore.distributed.data_parallel import (
 )
 from graphstore.distributed.feature_fetch import PLACEMENTS, PartitionedFetch
 from graphstore.errors import ConfigError
-from graphstore.inference import AGGREGATE_INPUTS, InferenceStats, infer_layerwise, min_buffer_bytes
+from graphstore.inference import AGGREGATE_INPUTS, InferenceStats, evaluation_budget, infer_layerwise
 from graphstore.layout.dtypes import storage_dtype
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import NodeLoader, NodeLoaderSettings
@@ -571,21 +571,13 @@ def evaluate(model, loader: NodeLoader, epoch: int, device,
 
 @torch.no_grad()
 def exact_eval_budget(model, store, capacity: int, args: NodeClassificationOptions) -> tuple[int, str]:
-    """The byte budget of exact evaluation and its rule: what the training buffer's
-    ``capacity`` partitions of features take (macrobatch, which holds none: a quarter of
-    the partitions), at most the buffer's budget (``--buffer-bytes`` or the memory default),
-    and at least what the walk needs (`min_buffer_bytes`, which no longer grows with the
-    largest edge bucket)."""
-    if not SCHEME_REGISTRY.get(args.scheme).resident_features:
-        # macrobatch holds no feature rows (they stay in the store): a quarter of them, as
-        # infer_layerwise's own default, not the whole graph its structure covers.
-        capacity = max(2, math.ceil(store.num_partitions / 4))
-    rows = capacity * store.partition_size * store.feature_dim * storage_dtype(store.manifest.feature_dtype).itemsize
+    """The byte budget of exact evaluation and its rule (`graphstore.inference.evaluation_budget`,
+    which `graphstore plan` shows too): the training buffer's ``capacity`` partitions of
+    features, at most the buffer's budget (``--buffer-bytes`` or the memory default), at
+    least the walk's floor."""
     cap = args.buffer_bytes if args.buffer_bytes is not None else memory_budget().bytes
-    least = min_buffer_bytes(model, store)
-    budget = max(min(rows, cap), least)
-    return budget, (f"{budget} bytes: {capacity} partitions of features ({rows}), at most "
-                    f"{cap}, at least the walk's floor ({least})")
+    return evaluation_budget(model, store, capacity=capacity, cap_bytes=cap,
+                             resident_features=SCHEME_REGISTRY.get(args.scheme).resident_features)
 
 
 def evaluate_exact(model, store, budget: int, args: NodeClassificationOptions,
