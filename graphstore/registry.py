@@ -70,7 +70,8 @@ class Registry(Generic[T]):
         """Register ``value`` under ``name``; without ``value``, a decorator that registers
         what it decorates (and returns it unchanged).
 
-        ``summary`` defaults to the first line of the value's docstring. ``stacklevel``, as
+        ``summary`` defaults to the value's own ``summary`` string where it has one, else the
+        first line of its docstring. ``stacklevel``, as
         for `warnings.warn`: a helper that registers on its caller's behalf passes 2, so the
         caller's module is the one recorded.
 
@@ -141,6 +142,9 @@ def _module_of(frame) -> str:
 
 
 def _first_line(obj: object) -> str:
+    own = getattr(obj, "summary", None)
+    if isinstance(own, str) and own:  # a value that carries its summary (a `Scheme`) says it itself
+        return own
     doc = getattr(obj, "__doc__", None) or ""
     if type(obj).__doc__ == doc and not callable(obj):  # an instance's class docstring says nothing
         doc = ""

@@ -98,6 +98,15 @@ def test_an_instance_does_not_take_its_class_docstring_as_summary(toys):
     assert toys.entry("p").summary == ""
 
 
+def test_a_value_with_its_own_summary_shows_it_in_help():
+    """The trainers' ``--scheme`` help listed bare names: a `Scheme` carries its summary
+    as a field, not as a docstring."""
+    from graphstore.loaders.schemes import SCHEMES
+
+    assert SCHEMES.entry("megabatch").summary.startswith("HierBatching")
+    assert "minibatch: the whole graph in memory" in SCHEMES.help_text()
+
+
 def test_unregister_removes_and_refuses_unknown(toys):
     toys.register("a", plan_a)
     toys.unregister("a")
