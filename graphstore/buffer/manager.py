@@ -246,7 +246,8 @@ def _plan_bytes(store: Store, states: Sequence[tuple[int, ...]], plan: SlotPlan,
 
 
 def planned_read_bytes(store: Store, states: Sequence[Sequence[int]], *, with_features: bool = True,
-                       prefetch: bool = True, num_slots: int | None = None, embedding_dim: int = 0) -> int:
+                       prefetch: bool = True, num_slots: int | None = None, embedding_dim: int = 0,
+                       static_cache: StaticCache | None = None) -> int:
     """Bytes a `BufferManager` with an empty `BufferMemory` reads for ``states``: each
     partition when it enters a slot (not again while it stays there) and each bucket
     between two partitions when they are first held together.
@@ -263,6 +264,9 @@ def planned_read_bytes(store: Store, states: Sequence[Sequence[int]], *, with_fe
         As the manager's; ``num_slots`` defaults to `slots_needed`.
     embedding_dim : int
         d of the learnable embeddings read with each partition (0: none).
+    static_cache : StaticCache, optional
+        HierBatching's hubs: each state's hub edge segments count too (the hubs' rows are
+        read once per memory, not per pass, and are not counted).
 
     Returns
     -------
@@ -277,7 +281,7 @@ def planned_read_bytes(store: Store, states: Sequence[Sequence[int]], *, with_fe
     states = _check_states(store, states)
     slots = slots_needed(states, prefetch=prefetch) if num_slots is None else num_slots
     plan = assign_slots(states, slots, prefetch=prefetch)
-    return _plan_bytes(store, states, plan,
+    return _plan_bytes(store, states, plan, static_cache=static_cache,
                        row_bytes=_row_bytes(store, with_features=with_features, embedding_dim=embedding_dim))
 
 

@@ -40,7 +40,7 @@ import torch
 
 from graphstore._heap import trim_heap
 from graphstore.buffer import BufferManager, BufferMemory, BufferStats, StaticCache, plan_epoch
-from graphstore.buffer.manager import LoadedState
+from graphstore.buffer.manager import LoadedState, planned_read_bytes
 from graphstore.buffer.policies import EpochPlan
 from graphstore.buffer.resident import ResidentGraph, build_structure_graph
 from graphstore.buffer.slots import lookahead_within, slots_needed
@@ -226,26 +226,43 @@ class BufferWalk:
                     if t == round and r == rank]
         return range(len(plan.states)) if self.shard is None else self.shard.states(len(plan.states))
 
-    def states(self, ctx: EpochContext, *, lookahead: bool) -> Iterator[LoadedState]:
+    def _walked(self, plan: EpochPlan, epoch: int, round: int | None, *, lookahead: bool
+                ) -> tuple[Sequence[int], list[tuple[int, ...]], tuple[int, ...] | None]:
+        """What this rank walks of ``plan``: its states' indices in the plan, the states,
+        and the part of the next epoch's first state read during the last (or None)."""
         # A rank of a data-parallel run loads its block of the states only (with rounds, its
         # states of the round); each loaded state keeps its index in the whole plan, which
         # says what it trains.
+        mine = self._mine(plan, round)
+        states = [plan.states[i] for i in mine]
+        # The next epoch's first state is read while this epoch's last state trains, as much
+        # of it as fits in the slots this epoch needs (the budget counted no more). Not across
+        # rounds: the next round's partitions are other ranks' until they wrote them back.
+        following = None
+        if lookahead and states and plan.state_rounds is None:
+            nxt = self.planner.plan(epoch + 1)
+            following = nxt.states[self._mine(nxt)[0]]
+        return mine, states, lookahead_within(states, following, prefetch=self.prefetch)
+
+    def planned_bytes(self, epoch: int, *, lookahead: bool = True) -> int:
+        """Bytes ``epoch`` reads from an empty buffer (the first epoch of a run, or one after
+        `release`), as its `BufferStats.bytes_read` will say: its states' partitions and
+        buckets, the hubs' edge segments, and what of the next epoch it reads ahead
+        (`planned_read_bytes`). ``graphstore plan STORE`` reports it before training."""
+        _, states, ahead = self._walked(self.planner.plan(epoch), epoch, None, lookahead=lookahead)
+        if not states:
+            return 0
+        return planned_read_bytes(self.store, list(states) + ([ahead] if ahead else []), prefetch=self.prefetch,
+                                  embedding_dim=self.embedding_dim, static_cache=self.cache)
+
+    def states(self, ctx: EpochContext, *, lookahead: bool) -> Iterator[LoadedState]:
         rounds = ctx.plan.state_rounds is not None
-        mine = self._mine(ctx.plan, ctx.round)
-        states = [ctx.plan.states[i] for i in mine]
+        mine, states, ahead = self._walked(ctx.plan, ctx.epoch, ctx.round, lookahead=lookahead)
         if not states:  # a data-parallel rank with no state in this round
             self.epoch_stats.append(BufferStats(states=0, partitions_loaded=0, swaps=0, buckets_read=0,
                                                 requests=0, bytes_read=0, read_seconds=0.0,
                                                 assemble_seconds=0.0, stall_seconds=0.0))
             return
-        # The next epoch's first state is read while this epoch's last state trains, as much
-        # of it as fits in the slots this epoch needs (the budget counted no more). Not across
-        # rounds: the next round's partitions are other ranks' until they wrote them back.
-        following = None
-        if lookahead and not rounds:
-            nxt = self.planner.plan(ctx.epoch + 1)
-            following = nxt.states[self._mine(nxt)[0]]
-        ahead = lookahead_within(states, following, prefetch=self.prefetch)
         need = slots_needed(list(states) + ([ahead] if ahead else []), prefetch=self.prefetch)
         if self.memory is None or self.memory.num_slots < need:
             # Allocated once for the run (re-allocated only if a later epoch needs more slots).
@@ -279,6 +296,14 @@ class StructureWalk:
         self.graph: ResidentGraph | None = None
         self.memory = None  # no buffer slots: nothing of the features is resident
         self.epoch_stats: list[BufferStats] = []
+
+    def planned_bytes(self, epoch: int, *, lookahead: bool = True) -> int:
+        """Bytes the walk reads in ``epoch``: the structure and labels the first time
+        (`build_structure_graph`), nothing once built (the macro-batches' feature rows are
+        the fetch stage's, sampled)."""
+        if self.graph is not None:
+            return 0
+        return planned_read_bytes(self.store, [range(self.store.num_partitions)], with_features=False)
 
     def states(self, ctx: EpochContext, *, lookahead: bool) -> Iterator[LoadedState]:
         built, t0 = 0, time.perf_counter()
