@@ -21,7 +21,7 @@ from graphstore._argparse import ArgumentParser, stdout_closed
 from graphstore.errors import GraphStoreError
 from graphstore.units import parse_byte_size
 
-__all__ = ["byte_size", "main", "positive_int"]
+__all__ = ["byte_size", "fanout_list", "main", "positive_int"]
 
 
 # Argparse value types, also the trainers' (trainers/options.py): a flag's message is the
@@ -43,6 +43,20 @@ def byte_size(text: str) -> int:
         return parse_byte_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def fanout_list(text: str) -> tuple[int, ...]:
+    """``"15,10,5"`` -> (15, 10, 5); -1 means all neighbours. ``fanouts[0]`` is the hop
+    nearest the targets (the last GNN layer's)."""
+    try:
+        values = tuple(int(t) for t in str(text).split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers like 15,10 (got {text!r})") from None
+    if not values or any(v == 0 or v < -1 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"fanouts must be positive or -1 (all), one per layer (got {text!r})")
+    return values
 
 
 def _escape(text: str) -> str:

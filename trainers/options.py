@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Self
 
 from graphstore._argparse import DEFAULT_MARK, ArgumentParser, default_text
-from graphstore.cli import byte_size, positive_int  # the argparse types the command line uses too
+from graphstore.cli import byte_size, fanout_list, positive_int  # the argparse types the command line uses too
 from graphstore.errors import ConfigError
 
 __all__ = [
@@ -54,20 +54,6 @@ class UsageError(ConfigError):
 # ---------------------------------------------------------------------- value types
 # Converters take the text of a flag (TOML values are passed as ``str(value)``, so a flag
 # and a file entry read alike) and raise argparse.ArgumentTypeError with the message shown.
-
-def fanout_list(text: str) -> tuple[int, ...]:
-    """``"15,10,5"`` -> (15, 10, 5); -1 means all neighbours. ``fanouts[0]`` is the hop
-    nearest the targets (the last GNN layer's)."""
-    try:
-        values = tuple(int(t) for t in str(text).split(",") if t.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers like 15,10 (got {text!r})") from None
-    if not values or any(v == 0 or v < -1 for v in values):
-        raise argparse.ArgumentTypeError(
-            f"fanouts must be positive or -1 (all), one per layer (got {text!r})")
-    return values
-
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (``--patience 0``: never stop early)."""
