@@ -32,9 +32,9 @@ except ImportError:  # run as a script: tools/ is on sys.path
     import benchkit
     import run_accuracy as ra
 
-# Around the values the earlier probes tried (docs/benchmarks.md, "How Photo's setting was
-# found"): the learning rate row-normalised inputs need, light or usual weight decay, and
-# the two hidden widths of the Planetoid and Photo settings. 200 epochs, as the table.
+# Around the values earlier probes tried (git history of docs/benchmarks.md, "How Photo's
+# setting was found"): the learning rate row-normalised inputs need, light or usual weight
+# decay, and the two hidden widths of the Planetoid and Photo settings. 200 epochs.
 GRID = {"--lr": ["0.005", "0.01", "0.02"], "--weight-decay": ["5e-5", "5e-4"], "--hidden": ["64", "128"]}
 EPOCHS = "200"
 
