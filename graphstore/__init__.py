@@ -28,7 +28,11 @@ from graphstore._version import __version__
 # without zarr, pandas and the source readers.
 _LAZY = {"FORMAT_VERSION": ("graphstore.layout.base", "FORMAT_VERSION"),
          "Manifest": ("graphstore.layout.base", "Manifest"), "Store": ("graphstore.layout.store", "Store"),
-         "Dataset": ("graphstore.dataset", "Dataset"), "open": ("graphstore.dataset", "open_dataset")}
+         "Dataset": ("graphstore.dataset", "Dataset"), "open": ("graphstore.dataset", "open_dataset"),
+         # Stores from graphs in memory: numpy/torch arrays, PyG's Data, DGL's DGLGraph.
+         "from_arrays": ("graphstore.layout.sources.arrays", "from_arrays"),
+         "from_dgl": ("graphstore.interop.from_memory", "from_dgl"),
+         "from_pyg": ("graphstore.interop.from_memory", "from_pyg")}
 
 
 def __getattr__(name: str):
@@ -61,6 +65,9 @@ __all__ = [
     "UnverifiedReadsWarning",
     "__version__",
     "convert",
+    "from_arrays",
+    "from_dgl",
+    "from_pyg",
     "open",
     "upgrade",
     "verify",

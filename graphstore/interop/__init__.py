@@ -7,6 +7,8 @@ For a model written for PyG or DGL, trained out of core from a store:
   store as PyG's remote backend, for PyG's own ``NodeLoader`` / ``LinkLoader``
   (`graphstore.interop.pyg`).
 * `to_dgl` (``batch.to_dgl()``): DGL's message-flow-graph blocks (`graphstore.interop.dgl`).
+* `from_pyg` / `from_dgl` (``graphstore.from_pyg``): the other way, a PyG ``Data`` or a DGL
+  graph held in memory converted into a store (`graphstore.interop.from_memory`).
 * `targets_first`: the one re-layout both need, a `DENSE` with the targets first
   (`graphstore.interop.hops`; no PyG or DGL needed).
 
@@ -22,11 +24,11 @@ import importlib
 
 from graphstore.interop.hops import HopOrder, targets_first
 
-__all__ = ["DenseSampler", "HopOrder", "StoreFeatureStore", "StoreGraphStore", "remote_backend",
-           "targets_first", "to_dgl", "to_pyg"]
+__all__ = ["DenseSampler", "HopOrder", "StoreFeatureStore", "StoreGraphStore", "from_dgl", "from_pyg",
+           "remote_backend", "targets_first", "to_dgl", "to_pyg"]
 
 _LAZY = {"to_pyg": "pyg", "remote_backend": "pyg", "DenseSampler": "pyg", "StoreFeatureStore": "pyg",
-         "StoreGraphStore": "pyg", "to_dgl": "dgl"}
+         "StoreGraphStore": "pyg", "to_dgl": "dgl", "from_pyg": "from_memory", "from_dgl": "from_memory"}
 
 
 def __getattr__(name: str):
