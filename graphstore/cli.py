@@ -21,7 +21,7 @@ from graphstore._argparse import ArgumentParser, stdout_closed
 from graphstore.errors import GraphStoreError
 from graphstore.units import parse_byte_size
 
-__all__ = ["byte_size", "fanout_list", "main", "positive_int"]
+__all__ = ["byte_size", "fanout_list", "main", "non_negative_int", "positive_int"]
 
 
 # Argparse value types, also the trainers' (trainers/options.py): a flag's message is the
@@ -34,6 +34,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive (got {value})")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (``--patience 0``: never stop early; ``--loader-threads 0``)."""
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more (got {value})")
     return value
 
 
@@ -189,27 +200,63 @@ def _parser() -> argparse.ArgumentParser:
                     help="memory for the walk (default: what a quarter of the partitions' features take)")
     ag.add_argument("--work-dir", metavar="D", help="scratch arrays here (default: a temporary directory)")
 
-    pl = sub.add_parser("plan", help="show a buffer policy's plan for one epoch",
-                        description="Print the buffer states of one epoch and what each trains, "
-                                    "so you can see what an epoch will read before training.")
-    pl.add_argument("--policy", required=True, metavar="NAME",
-                    help="comet, beta, disjoint, sequential, dispersed, hierbatching or in_memory")
-    pl.add_argument("--partitions", type=positive_int, required=True, metavar="P",
-                    help="number of partitions")
-    pl.add_argument("--capacity", type=positive_int, required=True, metavar="C",
-                    help="partitions the buffer holds (clamped to P)")
+    pl = sub.add_parser("plan", help="show what an epoch will read and the memory it takes, before training",
+                        description="With STORE: read the store and say, as the node-classification trainer "
+                                    "would derive it from the same flags, the byte budget and its rule, how many "
+                                    "partitions stay resident, the buffer states and swaps of an epoch, the bytes "
+                                    "it reads, exact evaluation's memory floor and the peak memory to expect. "
+                                    "Without STORE: print a buffer policy's states for --partitions and "
+                                    "--capacity, and what each trains.")
+    pl.add_argument("store", nargs="?", metavar="STORE", help="a store (omit to plan a policy from numbers alone)")
+    pl.add_argument("--policy", metavar="NAME",
+                    help="comet, beta, disjoint, sequential, dispersed, hierbatching or in_memory (default: none; "
+                         "required without STORE; with STORE, the scheme's)")
+    pl.add_argument("--partitions", type=positive_int, metavar="P",
+                    help="number of partitions (default: none; required without STORE, which gives its own)")
+    pl.add_argument("--capacity", type=positive_int, metavar="C",
+                    help="partitions the buffer holds, clamped to P (default: none; required without STORE, "
+                         "--buffer-partitions with one)")
     pl.add_argument("--seed", type=int, default=0, help="with the epoch, every random choice of the plan")
     pl.add_argument("--epoch", type=int, default=0, help="the epoch to plan")
     pl.add_argument("--reuse", type=positive_int, help="hierbatching: passes over each mega-batch (default: 2)")
     pl.add_argument("--num-logical-partitions", type=positive_int, metavar="L",
-                    help="comet: logical partitions (default: ceil(P / floor(C/2)))")
+                    help="without STORE, comet: logical partitions (default: ceil(P / floor(C/2)))")
     pl.add_argument("--train-partitions", type=_id_list, metavar="0,1,2",
-                    help="node policies: partitions holding training nodes (default: all)")
+                    help="without STORE, node policies: partitions holding training nodes (default: all; "
+                         "a STORE's training split gives them)")
     pl.add_argument("--task", choices=["link", "node"],
-                    help="in_memory: plan only this task's fields (default: both)")
+                    help="without STORE, in_memory: plan only this task's fields (default: both; a STORE is "
+                         "planned for node classification)")
     pl.add_argument("--world-size", type=positive_int, metavar="N",
-                    help="disjoint: data-parallel ranks sharing each round (default: 1)")
+                    help="without STORE, disjoint: data-parallel ranks sharing each round (default: 1)")
+    # STORE's options: the node-classification trainer's flags of the same names, with its defaults.
+    pl.add_argument("--scheme", choices=_node_schemes(),
+                    help=_escape(f"with STORE: the training scheme (default: {PLAN_DEFAULTS['scheme']})"))
+    held = pl.add_mutually_exclusive_group()
+    held.add_argument("--buffer-bytes", type=byte_size, metavar="B",
+                      help="with STORE: the run's byte budget, e.g. 512MiB; an out-of-core scheme keeps 1/8 of it "
+                           "for the batch in training (default: derived from the machine: half of the memory this "
+                           "process may still use; none for a scheme holding the whole graph)")
+    held.add_argument("--buffer-partitions", type=positive_int, metavar="C",
+                      help="with STORE: partitions the buffer holds, instead of --buffer-bytes (default: none)")
+    pl.add_argument("--fanouts", type=fanout_list,
+                    help="with STORE: neighbours per hop, nearest hop first; one per layer "
+                         f"(default: {','.join(map(str, PLAN_DEFAULTS['fanouts']))})")
+    pl.add_argument("--batch-size", type=positive_int, metavar="B",
+                    help="with STORE: targets per training batch (default: derived from the data: "
+                         "min(1000, max(64, train split / 8)))")
+    pl.add_argument("--model", choices=["sage", "gcn", "gat", "gin"],
+                    help=f"with STORE: the GNN layer kind, for evaluation's floor and the model's memory "
+                         f"(default: {PLAN_DEFAULTS['model']})")
+    pl.add_argument("--hidden", type=positive_int,
+                    help=f"with STORE: hidden width (default: {PLAN_DEFAULTS['hidden']})")
+    pl.add_argument("--heads", type=positive_int,
+                    help=f"with STORE: GAT attention heads (default: {PLAN_DEFAULTS['heads']})")
+    pl.add_argument("--loader-threads", type=non_negative_int, metavar="N",
+                    help="with STORE: the trainer's loader threads, whose batches made ahead take 1/8 of the "
+                         "buffer's bytes (default: derived from the machine: the cores torch's threads leave free)")
     pl.add_argument("--json", action="store_true", help="print the whole plan as JSON")
+    pl.set_defaults(usage_error=pl.error)
 
     fig = sub.add_parser("plot", help="draw trainer runs' metrics files (needs matplotlib)",
                          description="Draw, per epoch, each run's training loss, validation metric, "
@@ -220,6 +267,18 @@ def _parser() -> argparse.ArgumentParser:
     fig.add_argument("-o", "--out", required=True, metavar="OUT.png", help="the PNG to write")
     fig.add_argument("--dpi", type=positive_int, default=110, help="resolution")
     return parser
+
+
+PLAN_DEFAULTS = {"scheme": "minibatch", "fanouts": (15, 10), "model": "sage", "hidden": 64, "heads": 4,
+                 "dropout": 0.5}
+"""``graphstore plan STORE``'s defaults: the node-classification trainer's
+(trainers/node_classification.py); tests/test_cli_plan_store.py checks they agree."""
+
+
+def _node_schemes() -> tuple[str, ...]:
+    from graphstore.loaders import SCHEMES
+
+    return SCHEMES.names(lambda s: "node" in s.tasks)
 
 
 def _device_name(text: str) -> str:
@@ -403,7 +462,35 @@ def _run_aggregate(args: argparse.Namespace) -> int:
     return 0
 
 
+_POLICY_ONLY = ("partitions", "capacity", "num_logical_partitions", "train_partitions", "task", "world_size")
+"""``graphstore plan``'s flags that plan a policy from numbers: a STORE gives them."""
+_STORE_ONLY = ("scheme", "buffer_bytes", "buffer_partitions", "fanouts", "batch_size", "model", "hidden", "heads",
+               "loader_threads")
+"""``graphstore plan``'s flags that need a STORE."""
+
+
+def _flag(attr: str) -> str:
+    return "--" + attr.replace("_", "-")
+
+
 def _run_plan(args: argparse.Namespace) -> int:
+    """Either mode, refusing flags of the other in one line (usage: exit 2)."""
+    if args.store is not None:
+        mixed = [_flag(a) for a in _POLICY_ONLY if getattr(args, a) is not None]
+        if mixed:
+            args.usage_error(f"{mixed[0]} plans a policy from numbers, without a STORE (the store gives its "
+                             f"partitions; the buffer is --buffer-bytes or --buffer-partitions)")
+        return _run_plan_store(args)
+    mixed = [_flag(a) for a in _STORE_ONLY if getattr(args, a) is not None]
+    if mixed:
+        args.usage_error(f"{mixed[0]} needs a STORE (graphstore plan STORE {mixed[0]} ...)")
+    missing = [_flag(a) for a in ("policy", "partitions", "capacity") if getattr(args, a) is None]
+    if missing:
+        args.usage_error(f"without a STORE, the following arguments are required: {', '.join(missing)}")
+    return _run_plan_policy(args)
+
+
+def _run_plan_policy(args: argparse.Namespace) -> int:
     from graphstore.buffer import plan_epoch
 
     options = {
@@ -438,6 +525,154 @@ def _run_plan(args: argparse.Namespace) -> int:
         print(f"  state {state.index}: {list(state.partitions)}{trains}{owner}")
     if plan.static_cache is not None:
         print(f"  static cache: {len(plan.static_cache)} nodes")
+    return 0
+
+
+def _plan_store(args: argparse.Namespace) -> dict:
+    """What the node-classification trainer would do with ``args`` on ``args.store``, derived
+    by its own rules (`graphstore.loaders.defaults`, the loader it builds, exact evaluation's
+    budget), before anything is trained: one JSON-ready dict."""
+    import resource
+
+    import torch
+
+    from graphstore.buffer.budget import footprint
+    from graphstore.buffer.manager import planned_read_bytes
+    from graphstore.dataset import open_dataset
+    from graphstore.errors import ConfigError
+    from graphstore.inference import evaluation_budget, min_buffer_bytes
+    from graphstore.inference.budget import floor_reason
+    from graphstore.loaders import SCHEMES, NodeLoader, default_loader_threads
+    from graphstore.loaders.defaults import default_batch_size, memory_budget, step_share
+    from graphstore.nn import GNN, model_state_bytes
+
+    d = PLAN_DEFAULTS
+    scheme = args.scheme or d["scheme"]
+    fanouts = args.fanouts or d["fanouts"]
+    spec = SCHEMES.get(scheme)
+    with open_dataset(args.store) as store:
+        # What the process holds before the run's own memory: the interpreter, torch, the
+        # package and the open store (the runtime's fixed cost).
+        runtime = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        m = store.manifest
+        if not m.has_features or not m.has_labels:
+            raise ConfigError(f"{args.store}: node classification needs features and labels (features: "
+                              f"{m.has_features}, labels: {m.has_labels})")
+        rules = {}
+        batch_size = args.batch_size
+        if batch_size is None:
+            batch_size, rules["batch_size"] = default_batch_size(int(store.read_node_split("train").size))
+        # The budget: given, or (an out-of-core scheme without a buffer flag) half of what the
+        # process may use; 1/8 of it for the batch in training, the buffer the rest.
+        budget, buffer_bytes, step = args.buffer_bytes, args.buffer_bytes, None
+        if budget is not None:
+            rules["budget_bytes"] = "given (--buffer-bytes)"
+        elif not spec.whole_graph and args.buffer_partitions is None:
+            default = memory_budget()
+            budget = buffer_bytes = default.bytes
+            rules["budget_bytes"] = default.rule
+        if budget is not None and not spec.whole_graph:
+            buffer_bytes, step, rules["step_bytes"] = step_share(budget)
+        threads = args.loader_threads if args.loader_threads is not None else default_loader_threads("cpu")
+        # microbatch's data path is minibatch's loader (the trainer's own rule); the split
+        # into micro-batches changes what a step holds, not what is read.
+        loader = NodeLoader(store, split="train", fanouts=fanouts, batch_size=batch_size,
+                            scheme="minibatch" if scheme == "microbatch" else scheme, policy=args.policy,
+                            capacity=args.buffer_partitions, buffer_bytes=buffer_bytes, reuse=args.reuse,
+                            seed=args.seed, loader_threads=threads)
+        settings = loader.settings
+        plan = loader.plan(args.epoch)
+        torch.manual_seed(args.seed)
+        model = GNN(args.model or d["model"], in_dim=store.feature_dim, hidden_dim=args.hidden or d["hidden"],
+                    out_dim=store.num_classes, num_layers=len(fanouts), dropout=d["dropout"],
+                    heads=args.heads or d["heads"])
+        model_bytes = model_state_bytes(model)
+        floor = min_buffer_bytes(model, store)
+        cap = buffer_bytes if buffer_bytes is not None else memory_budget().bytes
+        eval_bytes, rules["eval_budget_bytes"] = evaluation_budget(
+            model, store, capacity=loader.capacity, cap_bytes=cap, resident_features=spec.resident_features)
+        store_bytes = planned_read_bytes(store, [range(store.num_partitions)], prefetch=False)
+        epoch_bytes = loader.walk.planned_bytes(args.epoch)
+        resident = loader.footprint
+        if resident is None:  # a capacity in partitions, or the whole graph: what the plan holds
+            resident = footprint(store, plan.states, prefetch=loader.prefetch, static_cache=loader.cache,
+                                 with_features=spec.resident_features)
+        if budget is not None and not spec.whole_graph:
+            # The budget bounds the buffer, the batches made ahead and the batch in training;
+            # exact evaluation frees the buffer's slots when both would not fit it.
+            peak = {"budget": budget}
+            peak_rule = ("the budget (buffer, batches made ahead, the batch in training; exact evaluation "
+                         "within it) + the model's state + the runtime")
+        else:
+            # Nothing bounds the resident graph: it stays held while exact evaluation runs.
+            peak = {"resident": resident.total, "evaluation": eval_bytes}
+            peak_rule = ("what the buffer holds (its partitions, buckets and assembled graphs) + exact "
+                         "evaluation's budget + the model's state + the runtime; a training batch's input rows "
+                         "come on top (no budget bounds them)")
+        peak.update(model_state=model_bytes, runtime=runtime)
+        return {
+            "store": str(args.store), "task": "node", "scheme": scheme, "policy": settings.policy,
+            "num_nodes": store.num_nodes, "num_edges": store.num_edges, "num_partitions": store.num_partitions,
+            "partition_size": store.partition_size, "store_bytes": store_bytes,
+            "fanouts": list(fanouts), "batch_size": batch_size, "seed": args.seed, "epoch": args.epoch,
+            "budget_bytes": budget, "buffer_bytes": buffer_bytes, "step_bytes": step,
+            "loader_queue_bytes": settings.loader_queue_bytes, "loader_threads": threads,
+            "capacity": loader.capacity, "static_cache_nodes": settings.static_cache_nodes, "reuse": settings.reuse,
+            "num_states": plan.num_states, "num_swaps": plan.num_swaps,
+            "partition_loads": len(plan.states[0]) + plan.num_swaps,
+            "num_batches": loader.num_batches(args.epoch),
+            "epoch_bytes": epoch_bytes,
+            "epoch_bytes_exact": spec.resident_features,
+            "later_epoch_bytes": 0 if spec.whole_graph else None,
+            "resident_bytes": resident.total,
+            "eval_scheme": "exact", "eval_floor_bytes": floor, "eval_floor_reason": floor_reason(model, store),
+            "eval_budget_bytes": eval_bytes, "model": model.kind, "model_state_bytes": model_bytes,
+            "runtime_bytes": runtime, "peak_bytes": sum(peak.values()), "peak_parts": peak, "peak_rule": peak_rule,
+            "rules": rules,
+        }
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
+def _mib(n: int | None) -> str:
+    return "none" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
+def _run_plan_store(args: argparse.Namespace) -> int:
+    r = _plan_store(args)
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    rules = r["rules"]
+    print(f"{r['store']}: {r['num_nodes']:,} nodes, {r['num_edges']:,} edges, {r['num_partitions']} partitions of "
+          f"{r['partition_size']:,} nodes, {_mib(r['store_bytes'])} read in full")
+    print(f"scheme {r['scheme']} (policy {r['policy']}), node classification, fanouts "
+          f"{','.join(map(str, r['fanouts']))}, batch {r['batch_size']}")
+    if r["budget_bytes"] is None:
+        print("budget: none (" + ("the scheme holds the whole graph" if r["capacity"] == r["num_partitions"]
+                                  else "--buffer-partitions") + ")")
+    else:
+        print(f"budget {_mib(r['budget_bytes'])}: {rules['budget_bytes']}"
+              + ("" if r["step_bytes"] is None else
+                 f"; {_mib(r['step_bytes'])} of it for the batch in training, {_mib(r['buffer_bytes'])} the buffer"))
+    print(f"resident: {r['capacity']} of {r['num_partitions']} partitions"
+          + (f" + a static cache of {r['static_cache_nodes']:,} hubs" if r["static_cache_nodes"] else "")
+          + f" ({_mib(r['resident_bytes'])} held)")
+    share = r["epoch_bytes"] / r["store_bytes"] if r["store_bytes"] else 0.0
+    later = ("; later epochs read nothing (the graph stays resident)" if r["later_epoch_bytes"] == 0
+             else "; a later epoch starts from what the one before left resident")
+    what = "reads" if r["epoch_bytes_exact"] else "reads the structure and labels,"
+    if not r["epoch_bytes_exact"]:
+        later = ", then each macro-batch's sampled feature rows (not predicted)" + later
+    print(f"epoch {r['epoch']}: {_count(r['num_states'], 'state')}, {_count(r['num_swaps'], 'swap')}, "
+          f"{_count(r['partition_loads'], 'partition load')}, {_count(r['num_batches'], 'batch', 'batches')}; from an empty buffer it {what} {_mib(r['epoch_bytes'])} "
+          f"({share:.2f}x the store){later}")
+    print(f"evaluation (exact, {r['model']}): floor {_mib(r['eval_floor_bytes'])} ({r['eval_floor_bytes']:,} bytes), "
+          f"budget {_mib(r['eval_budget_bytes'])}")
+    parts = " + ".join(f"{k.replace('_', ' ')} {_mib(v)}" for k, v in r["peak_parts"].items())
+    print(f"expected peak {_mib(r['peak_bytes'])} = {parts}")
     return 0
 
 

@@ -73,8 +73,9 @@ def test_a_trainer_script_answers_a_misspelled_flag_in_three_lines():
     # a subcommand's own flags: --json is info's, not graphstore's
     (["info", "--jsn", "S"], ["graphstore info: error: unrecognized arguments: --jsn", "did you mean --json?",
                               "(graphstore info --help lists the options)"]),
-    # no abbreviations: --train-part is not --train-partitions
-    ([*PLAN, "--train-part", "0,1"], ["graphstore plan: error: unrecognized arguments: --train-part 0,1",
+    # no abbreviations: --train-part is not --train-partitions (joined by "=": plan's optional
+    # STORE would take a separate 0,1)
+    ([*PLAN, "--train-part=0,1"], ["graphstore plan: error: unrecognized arguments: --train-part=0,1",
                                       "did you mean --train-partitions?", "(graphstore plan --help lists the options)"]),
     (["--verbos", "info", "S"], ["graphstore: error: unrecognized arguments: --verbos", "did you mean --verbose?",
                                  "(graphstore --help lists the options)"]),

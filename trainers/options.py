@@ -39,7 +39,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Self
 
 from graphstore._argparse import DEFAULT_MARK, ArgumentParser, default_text
-from graphstore.cli import byte_size, fanout_list, positive_int  # the argparse types the command line uses too
+from graphstore.cli import (  # the argparse types the command line uses too
+    byte_size,
+    fanout_list,
+    non_negative_int,
+    positive_int,
+)
 from graphstore.errors import ConfigError
 
 __all__ = [
@@ -54,17 +59,6 @@ class UsageError(ConfigError):
 # ---------------------------------------------------------------------- value types
 # Converters take the text of a flag (TOML values are passed as ``str(value)``, so a flag
 # and a file entry read alike) and raise argparse.ArgumentTypeError with the message shown.
-
-def non_negative_int(text: str) -> int:
-    """An integer >= 0 (``--patience 0``: never stop early)."""
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more (got {value})")
-    return value
-
 
 def unit_float(text: str) -> float:
     try:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 
-from graphstore.inference.layerwise import min_buffer_bytes
+from graphstore.errors import ConfigError
+from graphstore.inference.layerwise import _check_budget, min_buffer_bytes
 from graphstore.layout.dtypes import storage_dtype
 from graphstore.layout.store import Store
 from graphstore.nn import GNN
 
-__all__ = ["evaluation_budget"]
+__all__ = ["evaluation_budget", "floor_reason"]
 
 
 def evaluation_budget(model: GNN, store: Store, *, capacity: int, cap_bytes: int,
@@ -30,3 +31,16 @@ def evaluation_budget(model: GNN, store: Store, *, capacity: int, cap_bytes: int
     budget = max(min(rows, int(cap_bytes)), least)
     return budget, (f"{budget} bytes: {capacity} partitions of features ({rows}), at most "
                     f"{int(cap_bytes)}, at least the walk's floor ({least})")
+
+
+def floor_reason(model: GNN, store: Store) -> str:
+    """What `min_buffer_bytes` is made of for ``model`` over ``store``: the message
+    `infer_layerwise` refuses a budget one byte below it with (its most demanding layer's
+    prepare pass or walk: partitions of prepared rows and accumulators, finishing one, a piece
+    of edges)."""
+    floor = min_buffer_bytes(model, store)
+    try:
+        _check_budget(model, store, floor - 1, prefetch=True)
+    except ConfigError as e:
+        return str(e)
+    return f"{floor} bytes"  # not reached: one byte below the floor is refused
