@@ -115,8 +115,8 @@ def from_pyg(data: Any, path: str | os.PathLike, *, directed: bool | None = None
     if num_nodes is None:
         # Only a count set on the data: PyG infers one from edge_index otherwise, with a
         # warning, and from_arrays infers the same from x, y or the ids.
-        stored = getattr(data, "_store", None)
-        num_nodes = stored.get("num_nodes") if isinstance(stored, Mapping) else None
+        keys = data.keys() if callable(getattr(data, "keys", None)) else getattr(data, "keys", ())
+        num_nodes = data["num_nodes"] if "num_nodes" in keys else None
     manifest = convert_arrays(
         path, caller=caller, options=convert_options, name=name,
         names={"edge_index": "data.edge_index", "features": "data.x", "labels": "data.y",
