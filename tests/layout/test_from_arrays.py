@@ -21,6 +21,7 @@ from graphstore.errors import ConfigError, SourceError, StoreExistsError
 from graphstore.layout.dtypes import decode
 from graphstore.layout.sources import _io
 from graphstore.layout.sources.arrays import array_source
+from graphstore.testing.readers import check_source_graph
 from tests.conftest import REPO
 
 
@@ -176,6 +177,20 @@ def test_num_nodes_counts_isolated_nodes(tmp_path):
     assert inferred.num_nodes == 8
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch", "memmap"])
+@pytest.mark.parametrize("with_labels", [True, False])
+def test_array_sources_keep_the_reader_invariants(tmp_path, kind, with_labels):
+    """The conformance suite every registered reader passes (`graphstore.testing.readers`)."""
+    edge_index, features, labels, splits = random_graph()
+    splits["train"] = np.concatenate([splits["train"], splits["train"][:5]])  # repeats mean the node once
+    graph = array_source(edge_index=as_kind(edge_index, kind, tmp_path, "e"),
+                         features=as_kind(features, kind, tmp_path, "x"),
+                         labels=as_kind(labels, kind, tmp_path, "y") if with_labels else None,
+                         splits=splits if with_labels else None)
+    check_source_graph(graph)
+    assert graph.tasks == (("node_classification",) if with_labels else ("link_prediction",))
+
+
 # ---------------------------------------------------------------------------- the independent check
 
 
@@ -325,6 +340,9 @@ BAD = {
                               r"^from_arrays: splits\['test'\]: node id 10 at position 2 is out of range \[0, 10\)$"),
     "split of several columns": (dict(splits={"train": np.ones((N, 4), bool)}), r"4 splits side by side"),
     "split dtype": (dict(splits={"train": np.array([0.0, 1.0])}), r"^from_arrays: splits\['train'\]: expected node ids"),
+    "split overlap": (dict(splits={"train": [0, 1, 2], "test": np.arange(N) >= 2}),
+                      r"^from_arrays: splits\['test'\]: node 2 is also in split 'train' \(from_arrays: "
+                      r"splits\['train'\]\); a node belongs to one split$"),
     "split name": (dict(splits={"a/b": [0]}), r"^from_arrays: splits\['a/b'\]: a split name must be"),
     "split twice": (dict(splits={"val": [0], "valid": [1]}), r"split 'valid' given twice"),
     "edge_types length": (dict(edge_types=np.zeros(3, np.int64)), r"^from_arrays: edge_types: expected shape \[E\] = \(4,\)"),

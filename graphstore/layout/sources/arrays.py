@@ -205,10 +205,19 @@ def array_source(
     if label_values is not None:
         files["labels"] = show["labels"]
     given = _named_splits(caller, splits, split_names)
-    for key, (value, where) in given.items():
+    owner = np.full(n, -1, np.int16) if label_values is not None and given else None
+    for k, (key, (value, where)) in enumerate(given.items()):
         files[f"split:{key}"] = where
         if label_values is not None:
-            node_splits[key] = _node_split(value, where, n)
+            ids = node_splits[key] = _node_split(value, where, n)
+            # A node in two splits (train and test) is a leak, not something to merge.
+            taken = owner[ids]
+            if (taken >= 0).any():
+                i = int(np.flatnonzero(taken >= 0)[0])
+                first = list(given)[int(taken[i])]
+                raise SourceError(f"{where}: node {int(ids[i])} is also in split {first!r} ({given[first][1]}); "
+                                  "a node belongs to one split")
+            owner[ids] = k
         else:
             edge_splits[key] = _edge_split(value, where, n, num_relations if rel is not None else None)
 
@@ -456,7 +465,7 @@ def _node_split(value: Any, where: str, n: int) -> np.ndarray:
     if len(bad):
         raise SourceError(f"{where}: node id {int(ids[bad[0]])} at position {int(bad[0])} is out of range "
                           f"[0, {n})")
-    return ids
+    return np.unique(ids)  # a repeated id means the node once, as a mask would
 
 
 def _edge_split(value: Any, where: str, n: int, num_relations: int | None) -> EdgeSplit:
