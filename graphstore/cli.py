@@ -576,10 +576,17 @@ def _plan_store(args: argparse.Namespace) -> dict:
         threads = args.loader_threads if args.loader_threads is not None else default_loader_threads("cpu")
         # microbatch's data path is minibatch's loader (the trainer's own rule); the split
         # into micro-batches changes what a step holds, not what is read.
-        loader = NodeLoader(store, split="train", fanouts=fanouts, batch_size=batch_size,
-                            scheme="minibatch" if scheme == "microbatch" else scheme, policy=args.policy,
-                            capacity=args.buffer_partitions, buffer_bytes=buffer_bytes, reuse=args.reuse,
-                            seed=args.seed, loader_threads=threads)
+        try:
+            loader = NodeLoader(store, split="train", fanouts=fanouts, batch_size=batch_size,
+                                scheme="minibatch" if scheme == "microbatch" else scheme, policy=args.policy,
+                                capacity=args.buffer_partitions, buffer_bytes=buffer_bytes, reuse=args.reuse,
+                                seed=args.seed, loader_threads=threads)
+        except ConfigError as e:
+            if args.buffer_bytes is not None or "budget_bytes" not in rules:
+                raise
+            # As the trainer says it: the budget was not the user's.
+            raise ConfigError(f"the default buffer ({rules['budget_bytes']}) does not fit: {e}; give "
+                              f"--buffer-partitions or --buffer-bytes") from None
         settings = loader.settings
         plan = loader.plan(args.epoch)
         torch.manual_seed(args.seed)
@@ -623,7 +630,9 @@ def _plan_store(args: argparse.Namespace) -> dict:
             "num_batches": loader.num_batches(args.epoch),
             "epoch_bytes": epoch_bytes,
             "epoch_bytes_exact": spec.resident_features,
-            "later_epoch_bytes": 0 if spec.whole_graph else None,
+            # The whole graph's rows read once stay for the run; macrobatch reads sampled rows
+            # every epoch, an out-of-core buffer what the last epoch did not leave resident.
+            "later_epoch_bytes": 0 if spec.whole_graph and spec.resident_features else None,
             "resident_bytes": resident.total,
             "eval_scheme": "exact", "eval_floor_bytes": floor, "eval_floor_reason": floor_reason(model, store),
             "eval_budget_bytes": eval_bytes, "model": model.kind, "model_state_bytes": model_bytes,
@@ -661,16 +670,22 @@ def _run_plan_store(args: argparse.Namespace) -> int:
           + (f" + a static cache of {r['static_cache_nodes']:,} hubs" if r["static_cache_nodes"] else "")
           + f" ({_mib(r['resident_bytes'])} held)")
     share = r["epoch_bytes"] / r["store_bytes"] if r["store_bytes"] else 0.0
-    later = ("; later epochs read nothing (the graph stays resident)" if r["later_epoch_bytes"] == 0
-             else "; a later epoch starts from what the one before left resident")
-    what = "reads" if r["epoch_bytes_exact"] else "reads the structure and labels,"
-    if not r["epoch_bytes_exact"]:
-        later = ", then each macro-batch's sampled feature rows (not predicted)" + later
     print(f"epoch {r['epoch']}: {_count(r['num_states'], 'state')}, {_count(r['num_swaps'], 'swap')}, "
-          f"{_count(r['partition_loads'], 'partition load')}, {_count(r['num_batches'], 'batch', 'batches')}; from an empty buffer it {what} {_mib(r['epoch_bytes'])} "
-          f"({share:.2f}x the store){later}")
-    print(f"evaluation (exact, {r['model']}): floor {_mib(r['eval_floor_bytes'])} ({r['eval_floor_bytes']:,} bytes), "
-          f"budget {_mib(r['eval_budget_bytes'])}")
+          f"{_count(r['partition_loads'], 'partition load')}, {_count(r['num_batches'], 'batch', 'batches')}")
+    if r["epoch_bytes_exact"]:
+        read = f"reads {_mib(r['epoch_bytes'])} ({share:.2f}x the store) from an empty buffer"
+    else:
+        read = (f"reads the structure and labels, {_mib(r['epoch_bytes'])} ({share:.2f}x the store), then each "
+                f"macro-batch's sampled feature rows (not predicted)")
+    if r["later_epoch_bytes"] == 0:
+        later = "later epochs read nothing (the graph stays resident)"
+    elif not r["epoch_bytes_exact"]:
+        later = "later epochs the sampled rows alone (the structure stays)"
+    else:
+        later = "later epochs keep what the one before left resident (unless exact evaluation freed it)"
+    print(f"  {read}; {later}")
+    print(f"evaluation (exact, {r['model']}): floor {_mib(r['eval_floor_bytes'])} "
+          f"({r['eval_floor_bytes']:,} bytes), budget {_mib(r['eval_budget_bytes'])}")
     parts = " + ".join(f"{k.replace('_', ' ')} {_mib(v)}" for k, v in r["peak_parts"].items())
     print(f"expected peak {_mib(r['peak_bytes'])} = {parts}")
     return 0
