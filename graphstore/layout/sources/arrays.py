@@ -120,7 +120,8 @@ class _Input:
             raise SourceError(f"{self.display}: expected {expected}, got dtype {self.dtype}")
 
     def describe_type(self) -> str:
-        kind = "torch" if self.torch else ("memmap" if isinstance(self.value, np.memmap) else "numpy")
+        kind = ("torch" if self.torch else "memmap" if isinstance(self.value, np.memmap)
+                else "numpy" if isinstance(self.value, np.ndarray) else type(self.value).__name__)
         return f"{kind} {'bfloat16' if self.bfloat16 else self.dtype} {list(self.shape)}"
 
 
