@@ -11,10 +11,13 @@ import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import graphstore
 from graphstore.errors import ConfigError, SourceError, StoreExistsError
@@ -189,6 +192,43 @@ def test_array_sources_keep_the_reader_invariants(tmp_path, kind, with_labels):
                          splits=splits if with_labels else None)
     check_source_graph(graph)
     assert graph.tasks == (("node_classification",) if with_labels else ("link_prediction",))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), num_nodes=st.integers(20, 60), num_edges=st.integers(1, 120), chunk=st.integers(1, 50),
+       kind=st.sampled_from(["numpy", "torch", "list", "pair"]), labeled=st.booleans(), directed=st.booleans())
+def test_streams_give_back_every_column_in_order(data, num_nodes, num_edges, chunk, kind, labeled, directed):
+    """Any chunk size, any input kind: the edge stream is the input's columns in order (less
+    the held-out ones of a drawn link split), each named by its column; the feature stream
+    is the rows."""
+    seed = data.draw(st.integers(0, 2**16))
+    rng = np.random.default_rng(seed)
+    edge_index = rng.integers(0, num_nodes, (2, num_edges))
+    features = rng.standard_normal((num_nodes, 3)).astype(np.float32)
+    given = {"numpy": edge_index, "torch": torch.from_numpy(edge_index), "list": edge_index.tolist(),
+             "pair": (torch.from_numpy(edge_index[0]), edge_index[1])}[kind]
+    with mock.patch.object(_io, "EDGE_CHUNK_ROWS", chunk), mock.patch.object(_io, "FEATURE_CHUNK_BYTES", chunk * 12):
+        graph = array_source(edge_index=given, features=features, num_nodes=num_nodes, directed=directed,
+                             labels=rng.integers(0, 3, num_nodes) if labeled else None, seed=seed)
+        pieces = list(graph.edges())
+        rows = list(graph.features())
+    assert all(len(p.src) <= chunk for p in pieces) and all(len(r) <= chunk for r in rows)
+    src = np.concatenate([p.src for p in pieces])
+    dst = np.concatenate([p.dst for p in pieces])
+    np.testing.assert_array_equal(np.concatenate(rows), features)
+    if labeled:
+        kept = np.arange(num_edges)
+    else:
+        held = {(int(s), int(d)) for split in ("valid", "test")
+                for s, d in zip(graph.edge_splits[split].src, graph.edge_splits[split].dst, strict=True)}
+        held |= set() if directed else {(d, s) for s, d in held}
+        kept = np.array([i for i in range(num_edges) if (int(edge_index[0, i]), int(edge_index[1, i])) not in held],
+                        dtype=np.int64)
+    np.testing.assert_array_equal(src, edge_index[0, kept])
+    np.testing.assert_array_equal(dst, edge_index[1, kept])
+    if len(kept):
+        i = data.draw(st.integers(0, len(kept) - 1))
+        assert graph.describe_edge(i) == f"column {kept[i]}"
 
 
 # ---------------------------------------------------------------------------- the independent check
