@@ -7,12 +7,16 @@ A user knows how much memory the buffer may take, not how many partitions that i
   float32 embedding + optimizer state), which with prefetch covers two consecutive states;
 - the static cache: its rows (once, in the buffer's cache rows), its int64 ids and
   segment offsets; its edges are not held for the run but read per state, below;
-- the edge buckets held (source dtype src + dst (+ int32 rel)), and with a static cache
+- the edge buckets held (source dtype src + dst (+ int32 rel); the manager keeps no more
+  than their edges, whatever the partitions' in-degrees), and with a static cache
   the hub segments of the held partitions and the hub-hub segment; the two assembled
   graphs alive at once (the one trained and the one ready): int64 ``indices`` (+ ``rel``)
   per edge, int64 ``indptr`` and ``node_ids`` per local row; plus the temporaries of the
   graph being assembled (three int64s per edge, five with relations, and the widened
   copies of one hub segment), which with prefetch exist while the previous state trains;
+- per bucket held (every (i, j) among the held partitions, empty ones included), the
+  Python objects that file it (`BUCKET_OBJECT_BYTES`): c^2 of them, 0.2 GB at 736
+  partitions, so counted, not left to the process's allowance;
 - with prefetch, what of the next epoch's first state is read during the last state
   (`lookahead_within`: only what fits the epoch's own slots, so DISPERSED, whose next
   epoch starts from c random partitions, does not double its slots).
@@ -37,7 +41,12 @@ from graphstore.errors import ConfigError
 from graphstore.layout.dtypes import storage_dtype
 from graphstore.layout.store import Store
 
-__all__ = ["BufferFootprint", "capacity_for_budget", "footprint"]
+__all__ = ["BUCKET_OBJECT_BYTES", "BufferFootprint", "capacity_for_budget", "footprint"]
+
+BUCKET_OBJECT_BYTES = 512
+"""Bytes of Python objects per held edge bucket: its key, its ``(src, dst, rel)`` tuple, two
+or three array views and two dict entries. Measured with tracemalloc: 393 bytes a bucket at
+184 partitions (33,856 buckets), 424 at 736 (541,696; without the span index's entries)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +100,15 @@ def footprint(store: Store, states: Sequence[Sequence[int]], *, prefetch: bool =
     # A hub segment is widened to int64 and mapped before its kept edges join (one at a time).
     segment_temporaries = int(hub_sizes.max(initial=0)) * (48 + 8 * m.has_relations)
     for now, after in pairs:
-        held = edges(now | after) * raw_edge
+        held = edges(now | after) * raw_edge + len(now | after) ** 2 * BUCKET_OBJECT_BYTES
         graphs = (edges(now) + edges(after)) * graph_edge + (2 if after else 1) * local_rows * 16
         assembling = edges(after if prefetch else now) * assembly_edge + segment_temporaries
         peak = max(peak, held + graphs + assembling)
     if lookahead:  # the last state's graph, and its buckets beside the next epoch's
         last = states[-1]
-        peak = max(peak, edges(last | set(lookahead)) * raw_edge + edges(last) * graph_edge + local_rows * 16)
+        both = last | set(lookahead)
+        peak = max(peak, edges(both) * raw_edge + len(both) ** 2 * BUCKET_OBJECT_BYTES + edges(last) * graph_edge
+                   + local_rows * 16)
     return BufferFootprint(slots, slots * P * row, cache_bytes, peak)
 
 

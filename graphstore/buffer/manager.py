@@ -19,8 +19,10 @@ partitions found in their slots are not read again, and neither are buckets betw
 held partitions; new partitions with consecutive ids in consecutive slots are read as one
 row range; needed buckets whose byte ranges abut in ``edges/src``, ``edges/dst`` (and
 ``edges/rel``) are read as one range, since all buckets (i, j) of one destination j are
-adjacent there (see `graphstore.layout.base`). Every read goes through
-`Store.read_rows`, straight into the slot.
+adjacent there (see `graphstore.layout.base`). Rows are read straight into their slot; a
+span of buckets into arrays of its own size, its buckets views of them, and the buckets
+still held when others of their span are evicted are copied out, so the edges resident are
+the held buckets' (what the budget counts), whatever the partitions' in-degrees.
 
 Learnable embeddings (an `EmbeddingTable`) are read with their partition and marked dirty
 when a state is handed to the consumer; a dirty partition is written back (atomically,
@@ -288,6 +290,15 @@ def planned_read_bytes(store: Store, states: Sequence[Sequence[int]], *, with_fe
 # ---------------------------------------------------------------------- the loader
 
 
+@dataclass(eq=False, slots=True)
+class _Span:
+    """The buckets filed as views of one coalesced read's arrays, and how many of its edges
+    they still hold."""
+
+    keys: list[tuple[int, int]]
+    live: int
+
+
 class _Cancelled(Exception):
     """Raised inside the loader between requests once close() was asked for."""
 
@@ -309,6 +320,10 @@ class _Loader:
         self.edge_names = ["edges/src", "edges/dst"] + (["edges/rel"] if m.has_relations else [])
         self.offsets = store.bucket_offsets
         self.buckets: dict[tuple[int, int], Bucket] = memory.buckets  # held buckets outlive an epoch
+        self.spans: dict[tuple[int, int], _Span] = memory.spans
+        index = np.dtype(m.index_dtype)
+        self.empty_bucket: Bucket = (np.zeros(0, index), np.zeros(0, index),
+                                     np.zeros(0, np.int32) if m.has_relations else None)
         self.counts = dict(partitions_loaded=0, swaps=0, buckets_read=0, requests=0, bytes_read=0,
                            read_seconds=0.0, assemble_seconds=0.0, partitions_written=0,
                            bytes_written=0, write_seconds=0.0, chunks_verified=0, segments_verified=0,
@@ -371,10 +386,9 @@ class _Loader:
         where = dict(zip(parts, slots))
         pairs = [(k, where[k]) for k in admitted]
         held = {k for k in memory.holder if k >= 0} | set(admitted)
-        for key in [key for key in self.buckets if key[0] not in held or key[1] not in held]:
-            del self.buckets[key]
+        self._drop_buckets([key for key in self.buckets if key[0] not in held or key[1] not in held])
         row_requests = self._row_requests(pairs)
-        bucket_requests, place_buckets = self._bucket_requests(parts, where)
+        bucket_requests, place_buckets = self._bucket_requests(parts)
         hub_requests, place_hubs = self._hub_requests(parts, held)
         got = self._read(row_requests + bucket_requests + hub_requests)
         place_buckets(got[len(row_requests):len(row_requests) + len(bucket_requests)])
@@ -467,37 +481,71 @@ class _Loader:
 
         return requests, place
 
-    def _bucket_requests(self, parts: Sequence[int], slot_of: dict[int, int]):
+    def _bucket_requests(self, parts: Sequence[int]):
         """Reads of the buckets among ``parts`` not held, one range per byte-contiguous span
-        and edge array, into the destination's slot region; and the function that files the
-        read spans as buckets."""
+        and edge array, each into an array of the span's size; and the function that files
+        the read spans as buckets (views of the span's arrays, the empty ones shared)."""
         p = self.store.num_partitions
         needed = sorted(j * p + i for j in parts for i in parts if (i, j) not in self.buckets)
         spans = _bucket_spans(needed, self.offsets)
-        regions = self.memory.edges
-        requests = []
-        for lo, hi, members in spans:
-            if hi > lo:
-                j = members[0] // p
-                base = int(self.offsets[j * p])
-                requests += [(name, lo, hi, regions[name][slot_of[j], lo - base:hi - base]) for name in self.edge_names]
+        requests = [(name, lo, hi, None) for lo, hi, _ in spans if hi > lo for name in self.edge_names]
+        empty = self.empty_bucket
 
         def place(arrays: list[np.ndarray]) -> None:
             per_span = iter(arrays)
             for lo, hi, members in spans:
-                if hi > lo:
-                    span = [next(per_span) for _ in self.edge_names]
-                else:  # only empty buckets: no request at all
-                    span = [np.zeros(0, np.int64) for _ in self.edge_names]
+                if hi == lo:  # only empty buckets: no request at all
+                    for b in members:
+                        self.buckets[(b % p, b // p)] = empty
+                    continue
+                span = [next(per_span) for _ in self.edge_names]
+                record = _Span([], hi - lo)
                 for b in members:
-                    # Views into the span: no copy; a span lives until its last bucket is evicted.
-                    b_lo, b_hi = int(self.offsets[b]) - lo, int(self.offsets[b + 1]) - lo
+                    key, b_lo, b_hi = (b % p, b // p), int(self.offsets[b]) - lo, int(self.offsets[b + 1]) - lo
+                    if b_hi == b_lo:  # a view would keep the span's arrays alive for nothing
+                        self.buckets[key] = empty
+                        continue
+                    # Views into the span: no copy (`_drop_buckets` copies the survivors out
+                    # once some of a span's buckets are evicted).
                     src, dst, *rel = (a[b_lo:b_hi] for a in span)
-                    self.buckets[(b % p, b // p)] = (src, dst, rel[0] if rel else None)
+                    self.buckets[key] = (src, dst, rel[0] if rel else None)
+                    self.spans[key] = record
+                    record.keys.append(key)
             with self.lock:
                 self.counts["buckets_read"] += len(needed)
 
         return requests, place
+
+    def _drop_buckets(self, keys: Sequence[tuple[int, int]]) -> None:
+        """Forget buckets ``keys`` (an end evicted); a span that still files other buckets
+        has those copied into arrays of their own size, so that what stays resident is the
+        held buckets' edges, as the budget counts them (`graphstore.buffer.budget`), not the
+        spans they were read with."""
+        shrunk: dict[int, _Span] = {}
+        for key in keys:
+            src = self.buckets.pop(key)[0]
+            span = self.spans.pop(key, None)
+            if span is not None:
+                span.live -= src.shape[0]
+                shrunk[id(span)] = span
+        for span in shrunk.values():
+            if span.live > 0:
+                self._compact(span)
+
+    def _compact(self, span: _Span) -> None:
+        """Copy the buckets still filed from ``span`` into one new span of their size."""
+        keys = [key for key in span.keys if self.spans.get(key) is span]
+        held = [self.buckets[key] for key in keys]
+        columns = [np.concatenate([b[a] for b in held]) for a in range(len(self.edge_names))]
+        moved, lo = _Span(keys, span.live), 0
+        for key, bucket in zip(keys, held):
+            hi = lo + bucket[0].shape[0]
+            src, dst, *rel = (a[lo:hi] for a in columns)
+            # Replacing a held key's value is safe beside an assembly reading it: both the old
+            # views and the new copy hold the same edges.
+            self.buckets[key] = (src, dst, rel[0] if rel else None)
+            self.spans[key] = moved
+            lo = hi
 
 
 # ---------------------------------------------------------------------- the handoff

@@ -194,11 +194,10 @@ class BufferMemory:
     dirty: list[bool] = field(default_factory=list)
     """Slot z's embeddings differ from the store's."""
     buckets: dict = field(default_factory=dict)
-    """Edge buckets ``(i, j) -> (src, dst, rel)`` read while i and j are held (views into
-    ``edges``)."""
-    edges: dict = field(default_factory=dict)
-    """Edge array name -> [num_slots, max in-edges of a partition]: slot z's region holds
-    buckets (i, j) of the partition j in slot z at their offsets within j's in-edges."""
+    """Edge buckets ``(i, j) -> (src, dst, rel)`` read while i and j are held: views into
+    the arrays of the span they were read with (`BucketSpan`), or shared empty arrays."""
+    spans: dict = field(default_factory=dict)
+    """Bucket ``(i, j)`` -> the `BucketSpan` whose arrays it views (non-empty buckets)."""
     hub_edges: dict = field(default_factory=dict)
     """Static cache: hub segments ``g -> (src, dst, rel)`` read while partition g is held
     (g = p, the hub-hub segment, stays once read)."""
@@ -244,24 +243,13 @@ class BufferMemory:
                 raise ConfigError("a static cache with learnable embeddings is not supported "
                                   "(cached rows would need their own write-back)")
             embeddings = empty((int(num_slots) * P, 2, int(embedding_dim)), torch.float32)
-        # Each slot's edge region mirrors its partition's in-edges as the store lays them out
-        # (all buckets (i, j) of destination j are adjacent), so bucket (i, j) is read to
-        # the same offset of j's region it has in the store: no allocation per read. Only
-        # the pages of buckets actually read are touched (np.empty reserves, it does not fill).
-        in_edges = np.diff(store.bucket_offsets[::store.num_partitions])
-        rows = int(in_edges.max(initial=0))
-        names = ["edges/src", "edges/dst"] + (["edges/rel"] if m.has_relations else [])
-        dtypes = [m.index_dtype, m.index_dtype] + (["int32"] if m.has_relations else [])
-        edges = {name: np.empty((int(num_slots), rows), dtype) for name, dtype in zip(names, dtypes)}
+        # No edge memory is reserved here: the buckets a state reads get arrays of their own
+        # size (`BucketSpan`). Slot regions of a partition's largest in-edges each were
+        # num_slots x the largest partition's in-edges, 2.5x the edges on a 4M-node
+        # power-law graph, and numpy backs large arrays with huge pages, so a slot's region
+        # was resident as soon as one bucket was read into it.
         return cls(int(num_slots), P, features, labels, embeddings, int(cache_rows),
-                   holder=[-1] * int(num_slots), dirty=[False] * int(num_slots), edges=edges)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the slot tensors and edge regions (reserved; the edge regions' pages are
-        touched only where buckets were read)."""
-        tensors = [t for t in (self.features, self.labels, self.embeddings) if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors) + sum(a.nbytes for a in self.edges.values())
+                   holder=[-1] * int(num_slots), dirty=[False] * int(num_slots))
 
     def forget(self) -> None:
         """Mark every slot empty, so the next manager reads its partitions again: for a
@@ -272,6 +260,7 @@ class BufferMemory:
             raise ConfigError("write back the dirty embeddings before forgetting the resident partitions")
         self.holder = [-1] * self.num_slots
         self.buckets.clear()
+        self.spans.clear()
         self.hub_edges.clear()
         self.hub_positions.clear()
         self.last_graph = None
