@@ -218,7 +218,9 @@ def _parser() -> argparse.ArgumentParser:
                          "--buffer-partitions with one)")
     pl.add_argument("--seed", type=int, default=0, help="with the epoch, every random choice of the plan")
     pl.add_argument("--epoch", type=int, default=0, help="the epoch to plan")
-    pl.add_argument("--reuse", type=positive_int, help="hierbatching: passes over each mega-batch (default: 2)")
+    pl.add_argument("--reuse", type=positive_int,
+                    help="hierbatching: passes over each mega-batch (default: 2; with STORE, the scheme's: 2 for "
+                         "megabatch, else 1)")
     pl.add_argument("--num-logical-partitions", type=positive_int, metavar="L",
                     help="without STORE, comet: logical partitions (default: ceil(P / floor(C/2)))")
     pl.add_argument("--train-partitions", type=_id_list, metavar="0,1,2",
@@ -696,7 +698,9 @@ def _run_plan_store(args: argparse.Namespace) -> int:
     print(f"evaluation (exact, {r['model']}): floor {_mib(r['eval_floor_bytes'])} "
           f"({r['eval_floor_bytes']:,} bytes), budget {_mib(r['eval_budget_bytes'])}")
     parts = " + ".join(f"{k.replace('_', ' ')} {_mib(v)}" for k, v in r["peak_parts"].items())
-    print(f"expected peak {_mib(r['peak_bytes'])} = {parts}")
+    # Under a budget the figure is a bound (a graph that fits holds less of it).
+    bound = "at most " if "budget" in r["peak_parts"] else ""
+    print(f"expected peak {bound}{_mib(r['peak_bytes'])} = {parts}")
     return 0
 
 
