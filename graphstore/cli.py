@@ -479,6 +479,9 @@ def _run_plan(args: argparse.Namespace) -> int:
     """Either mode, refusing flags of the other in one line (usage: exit 2)."""
     if args.store is not None:
         mixed = [_flag(a) for a in _POLICY_ONLY if getattr(args, a) is not None]
+        if mixed == ["--task"]:
+            args.usage_error("with a STORE, plan plans node classification (link prediction's plan from a store "
+                             "is not built yet); --task is for a policy planned without one")
         if mixed:
             args.usage_error(f"{mixed[0]} plans a policy from numbers, without a STORE (the store gives its "
                              f"partitions; the buffer is --buffer-bytes or --buffer-partitions)")

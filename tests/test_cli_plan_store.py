@@ -225,6 +225,7 @@ def test_a_store_without_labels_is_refused(tmp_path, capsys):
     (["--scheme", "dsik"], "argument --scheme: invalid choice: 'dsik'", "did you mean disk?"),
     (["--capacity", "3"], "--capacity plans a policy from numbers, without a STORE", None),
     (["--partitions", "3"], "--partitions plans a policy from numbers", None),
+    (["--task", "link"], "with a STORE, plan plans node classification", None),
     (["--buffer-bytes", "1MiB", "--buffer-partitions", "2"], "argument --buffer-partitions: not allowed with "
                                                              "argument --buffer-bytes", None),
     (["--fanouts", "10,0"], "argument --fanouts: fanouts must be positive or -1", None),
