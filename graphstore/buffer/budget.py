@@ -107,8 +107,8 @@ def footprint(store: Store, states: Sequence[Sequence[int]], *, prefetch: bool =
     if lookahead:  # the last state's graph, and its buckets beside the next epoch's
         last = states[-1]
         both = last | set(lookahead)
-        peak = max(peak, edges(both) * raw_edge + len(both) ** 2 * BUCKET_OBJECT_BYTES + edges(last) * graph_edge
-                   + local_rows * 16)
+        peak = max(peak, edges(both) * raw_edge + len(both) ** 2 * BUCKET_OBJECT_BYTES
+                   + edges(last) * graph_edge + local_rows * 16)
     return BufferFootprint(slots, slots * P * row, cache_bytes, peak)
 
 

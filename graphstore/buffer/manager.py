@@ -156,8 +156,8 @@ def _bucket_spans(needed: Sequence[int], offsets: np.ndarray) -> list[tuple[int,
     p = round((len(offsets) - 1) ** 0.5)
     for b in needed:
         lo, hi = int(offsets[b]), int(offsets[b + 1])
-        # A span stays within one destination partition: it is read into that partition's
-        # slot region.
+        # A span stays within one destination partition: its buckets all leave when that
+        # partition is evicted, so the span is dropped whole rather than copied out.
         if spans and spans[-1][1] == lo and spans[-1][2][-1] // p == b // p:
             spans[-1][2].append(b)
             spans[-1] = (spans[-1][0], hi, spans[-1][2])
@@ -501,7 +501,8 @@ class _Loader:
                 span = [next(per_span) for _ in self.edge_names]
                 record = _Span([], hi - lo)
                 for b in members:
-                    key, b_lo, b_hi = (b % p, b // p), int(self.offsets[b]) - lo, int(self.offsets[b + 1]) - lo
+                    key = (b % p, b // p)
+                    b_lo, b_hi = int(self.offsets[b]) - lo, int(self.offsets[b + 1]) - lo
                     if b_hi == b_lo:  # a view would keep the span's arrays alive for nothing
                         self.buckets[key] = empty
                         continue

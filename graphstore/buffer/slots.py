@@ -195,9 +195,11 @@ class BufferMemory:
     """Slot z's embeddings differ from the store's."""
     buckets: dict = field(default_factory=dict)
     """Edge buckets ``(i, j) -> (src, dst, rel)`` read while i and j are held: views into
-    the arrays of the span they were read with (`BucketSpan`), or shared empty arrays."""
+    the arrays of the span they were read with (`graphstore.buffer.manager._Span`), or
+    shared empty arrays."""
     spans: dict = field(default_factory=dict)
-    """Bucket ``(i, j)`` -> the `BucketSpan` whose arrays it views (non-empty buckets)."""
+    """Bucket ``(i, j)`` -> the span (`graphstore.buffer.manager._Span`) whose arrays it
+    views (non-empty buckets)."""
     hub_edges: dict = field(default_factory=dict)
     """Static cache: hub segments ``g -> (src, dst, rel)`` read while partition g is held
     (g = p, the hub-hub segment, stays once read)."""
@@ -243,11 +245,10 @@ class BufferMemory:
                 raise ConfigError("a static cache with learnable embeddings is not supported "
                                   "(cached rows would need their own write-back)")
             embeddings = empty((int(num_slots) * P, 2, int(embedding_dim)), torch.float32)
-        # No edge memory is reserved here: the buckets a state reads get arrays of their own
-        # size (`BucketSpan`). Slot regions of a partition's largest in-edges each were
-        # num_slots x the largest partition's in-edges, 2.5x the edges on a 4M-node
-        # power-law graph, and numpy backs large arrays with huge pages, so a slot's region
-        # was resident as soon as one bucket was read into it.
+        # No edge memory is reserved here: the buckets a state reads get arrays of their
+        # own size (`graphstore.buffer.manager._Span`). Slot regions sized to the partition
+        # with the most in-edges were 2.5x the edges on a 4M-node power-law graph, and numpy
+        # backs large arrays with huge pages, so they were resident whole once read into.
         return cls(int(num_slots), P, features, labels, embeddings, int(cache_rows),
                    holder=[-1] * int(num_slots), dirty=[False] * int(num_slots))
 

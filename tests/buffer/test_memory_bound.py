@@ -77,8 +77,8 @@ def test_a_walk_allocates_no_more_than_its_footprint(hub_store, policy, capacity
     states = plan_epoch(policy, num_partitions=PARTS, capacity=capacity, epoch=0, seed=0, **options).states
     need = footprint(hub_store, states, prefetch=prefetch).total
     peak = traced_peak(lambda: walk(hub_store, states, prefetch=prefetch))
-    assert peak <= need + ALLOWANCE, (f"{policy} c={capacity}: allocated {peak:,} bytes at the peak, the footprint "
-                                      f"counts {need:,}")
+    assert peak <= need + ALLOWANCE, (f"{policy} c={capacity}: allocated {peak:,} bytes at the peak, "
+                                      f"the footprint counts {need:,}")
 
 
 def held_span_bytes(buckets) -> tuple[int, int]:
@@ -97,4 +97,4 @@ def test_buckets_kept_after_an_eviction_hold_only_their_own_edges(hub_store):
             spans, held = held_span_bytes(manager.memory.buckets)
             parts = loaded.graph.partitions
             assert set(manager.memory.buckets) == {(i, j) for i in parts for j in parts}
-            assert spans == held, f"state {loaded.index}: spans of {spans:,} bytes kept for {held:,} bytes of buckets"
+            assert spans == held, f"state {loaded.index}: {spans:,} bytes of spans for {held:,} of buckets"
