@@ -27,6 +27,7 @@ import argparse
 import difflib
 import os
 import re
+import select
 import signal
 import sys
 from collections.abc import Sequence
@@ -72,6 +73,19 @@ def stdout_closed() -> int:
     finally:
         os.close(devnull)
     return 128 + signal.SIGPIPE
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has gone: a `BrokenPipeError` is then stdout's
+    (``train.py | head``), not another pipe's (a worker process's, a socket's). Linux and
+    macOS report a pipe without readers as POLLERR to its writer."""
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+    except (AttributeError, ValueError, OSError):
+        return False
+    poll.register(fd, 0)  # POLLERR and POLLHUP are reported whatever the mask
+    return any(events & select.POLLERR for _, events in poll.poll(0))
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):

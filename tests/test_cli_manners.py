@@ -194,3 +194,27 @@ def test_a_reader_gone_before_the_first_line_ends_the_command_quietly(store, arg
         proc.stdout.close()
         err = proc.stderr.read().decode()
         assert (proc.wait(timeout=300), err) == (141, "")
+
+
+def test_a_trainer_whose_reader_has_gone_stops_quietly(store):
+    """``node_classification.py ... | head``: the reader closes the pipe before the trainer
+    writes; the trainer stops with SIGPIPE's status and nothing on stderr (it printed
+    "error: Broken pipe" and exited 1)."""
+    env = {**buffered_env(), "PYTHONUNBUFFERED": "1"}  # every line reaches the closed pipe at once
+    with subprocess.Popen([sys.executable, "trainers/node_classification.py", "--store", str(store), "--epochs", "2",
+                           "--hidden", "8"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert (proc.wait(timeout=300), err) == (141, "")
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(capsys):
+    """A `BrokenPipeError` from another pipe (a worker's, a socket's) is the run's error, not
+    a reader that went away: stdout is still open here."""
+    from trainers.common import run
+
+    def broken(argv):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    assert run("train.py", broken, []) == 1
+    assert capsys.readouterr().err == "train.py: error: Broken pipe\n"

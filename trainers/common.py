@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphstore._argparse import stdout_closed, stdout_reader_gone
 from graphstore.errors import ConfigError, GraphStoreError
 from graphstore.layout._durable import fsync_tree, write_atomically
 from graphstore.loaders.defaults import memory_budget, step_share
@@ -356,6 +357,13 @@ def run(prog: str, main: Callable[[Sequence[str] | None], int], argv: Sequence[s
     except GraphStoreError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError as e:
+        if not stdout_reader_gone():
+            print(f"{prog}: error: {e.strerror or e}", file=sys.stderr)
+            return 1
+        # `train.py | head`: the reader has gone; the run has already been unwound (the buffer's
+        # dirty partitions written back on the way out), so stop as Unix tools do, quietly.
+        return stdout_closed()
     except OSError as e:
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
         print(f"{prog}: error: {where}{e.strerror or e}", file=sys.stderr)
