@@ -128,6 +128,9 @@ class ArgumentParser(argparse.ArgumentParser):
         kwargs["allow_abbrev"] = False
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
+        # A value such as `--fanouts -1,-1` (every neighbour, DGL's -1) is a value, not an
+        # option: Python 3.11's argparse knows only a single negative number.
+        self._negative_number_matcher = re.compile(r"^-\d+(,-?\d+)*$|^-\d*\.\d+$")
         self.register("action", "parsers", _Subcommands)
 
     def parse_known_args(self, args: Sequence[str] | None = None,

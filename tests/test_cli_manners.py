@@ -218,3 +218,19 @@ def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(capsys):
 
     assert run("train.py", broken, []) == 1
     assert capsys.readouterr().err == "train.py: error: Broken pipe\n"
+
+
+@pytest.mark.parametrize("value", ["-1,-1", "-1", "10,-1", "-1,5"])
+def test_a_fanout_list_starting_with_minus_one_is_a_value(value):
+    """``--eval-fanouts -1,-1`` (every neighbour) as the trainers' docstring writes it: on
+    Python 3.11 argparse took ``-1,-1`` for an option ("expected one argument")."""
+    args = nc.NodeClassificationOptions.build_parser().parse_args(["--store", "S", "--eval-fanouts", value])
+    assert args.eval_fanouts == tuple(int(v) for v in value.split(","))
+
+
+def test_a_flag_after_a_value_option_is_still_refused_as_a_value(capsys):
+    """Only comma lists of integers count as negative values; ``--fanouts --epochs`` still
+    says the value is missing."""
+    lines = usage_error(capsys, lambda: nc.NodeClassificationOptions.build_parser().parse_args(
+        ["--store", "S", "--fanouts", "--epochs", "3"]))
+    assert "expected one argument" in lines[0]
