@@ -169,7 +169,8 @@ class LinkPredictionOptions(CommonOptions):
         None, type=positive_int, metavar="D",
         help="node representation width d (default: derived from the data: a knowledge graph learnt as embeddings, "
              "400 when its table fits "
-             "a quarter of the memory budget, else 100; other graphs 100)")
+             "a quarter of the memory budget (--buffer-bytes, else the memory this process may use), else 100; "
+             "other graphs 100)")
     embeddings: bool = option(False, help="learn node embeddings even when the store has features")
     embedding_scale: float = option(1e-3, type=float,
                                     help="initial embeddings ~ scale * N(0, 1) (MariusGNN: 0.001)")
@@ -771,7 +772,10 @@ def resolve_defaults(args: LinkPredictionOptions, store,
         derived.update({name: "the resumed checkpoint's" for name in changes})
         unset = [name for name in unset if name not in changes]
     if unset:
-        rules = link_prediction_defaults(store, encoder=args.encoder, budget_bytes=memory_budget().bytes)
+        # The run's budget when one is given (--buffer-bytes), else what the process may use:
+        # a d=400 table chosen against the machine's memory did not fit a budget of 48 MiB.
+        budget = args.buffer_bytes if args.buffer_bytes is not None else memory_budget().bytes
+        rules = link_prediction_defaults(store, encoder=args.encoder, budget_bytes=budget)
         for name in unset:
             changes[name], derived[name] = rules[name]
     buffer, rule = common.default_buffer(args, whole_graph=SCHEME_REGISTRY.get(args.scheme).whole_graph, saved=saved)

@@ -97,12 +97,17 @@ def default_batch_size(num_train: int) -> tuple[int, str]:
                    f"several steps an epoch even on a small split")
 
 
+def _size(n: int) -> str:
+    """Bytes as a rule states them: GiB from 1 GiB up, else MiB."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def link_prediction_defaults(store: Store, *, encoder: str, budget_bytes: int) -> dict[str, tuple[object, str]]:
     """``{option: (value, rule)}`` for ``embedding_dim``, ``negatives``, ``num_chunks``,
     ``degree_fraction`` and ``regularization`` of a link predictor on ``store``.
 
     ``encoder``: the trainer's ``--encoder`` (``"none"``: embeddings alone);
-    ``budget_bytes``: the memory the run may use (`memory_budget`).
+    ``budget_bytes``: the memory the run may use (its ``--buffer-bytes``, else `memory_budget`).
     """
     n = store.num_nodes
     if store.num_relations > 1 and encoder == "none":
@@ -114,7 +119,7 @@ def link_prediction_defaults(store: Store, *, encoder: str, budget_bytes: int) -
         return {
             "embedding_dim": (dim, f"{dim}: {n:,} x {KG_WIDE_DIM} values and Adagrad state "
                                    f"{'fit' if wide else 'do not fit'} in {KG_TABLE_SHARE:g} of the memory budget "
-                                   f"({budget_bytes / 2**30:.1f} GiB)"),
+                                   f"({_size(budget_bytes)})"),
             "negatives": (negatives, f"{negatives} uniform negatives in one chunk: {why}"),
             "num_chunks": (1, f"1: {why}"),
             "degree_fraction": (0.0, f"0: {why}"),

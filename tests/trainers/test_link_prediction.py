@@ -353,6 +353,14 @@ def test_defaults_come_from_the_kind_of_graph_and_the_memory(kg_store, tmp_path,
     monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", str(2 * 240 * 400 * 8 * 4 - 1))
     narrow, rules = resolved(kg_store)
     assert narrow.embedding_dim == 100 and "do not fit" in rules["embedding_dim"]
+    monkeypatch.delenv("GRAPHSTORE_MEMORY_BYTES")
+    # A given --buffer-bytes is the run's budget: a d=400 table (240 x 400 values and Adagrad
+    # state, 768,000 bytes) is sized against it, not against the machine's memory.
+    for given, dim in ((4 * 768_000 - 1, 100), (4 * 768_000, 400)):
+        args = lp.LinkPredictionOptions.parse(["--store", str(kg_store), "--buffer-bytes", str(given)])
+        with graphstore.open(kg_store) as s:
+            sized, rules = lp.resolve_defaults(args, s)
+        assert sized.embedding_dim == dim and "(2.9 MiB)" in rules["embedding_dim"], rules["embedding_dim"]
     # Given flags win, and the choice is recorded with its rule in the metrics.
     out = tmp_path / "m.json"
     assert run(["--store", plain, "--epochs", 1, "--negatives", 16, "--metrics-out", out]) == 0
