@@ -25,6 +25,16 @@ requests in flight (in Python, the per-request and per-block calls held them to 
 not ``O_DIRECT``: a block starts at a multiple of the row size, not of 4096 bytes. The pages read are dropped when the call ends (a cgroup memory cap
 counts the page cache, and the next macro-batch should not find the rows there).
 
+Dense sets: where a chunk holds so many of the rows that its block requests would take
+longer than reading the chunk file whole, it is read whole instead, through `ChunkReader`
+(``O_DIRECT`` in large requests, at the disk's sequential bandwidth; its crc32c checked; no
+pages left in the page cache). The choice is per chunk, by a cost model (`_whole_chunks`):
+a scattered read costs REQUEST_SECONDS per request plus its bytes at
+SCATTERED_BYTES_PER_S, a whole chunk its file's bytes at WHOLE_BYTES_PER_S. Sparse sets
+stay scattered: a macro-batch of 32 MiB of 1 KiB rows (1.5 % of a 2 GiB array's rows, one
+in ~4 of its blocks) still is; from about 5 % of the rows of a chunk on it is read whole
+(measured: 7 % as fast, at a third of the CPU; 30 % 1.4x faster).
+
 A store whose features table is per partition (older stores) has no blocks: its rows are
 read as whole chunks through `ChunkReader`, verified by the chunks' checksums, and the
 reader warns once that `graphstore upgrade` makes the reads finer.
@@ -44,9 +54,10 @@ import numpy as np
 
 from graphstore.errors import CorruptStoreError
 from graphstore.layout import _native as native
-from graphstore.layout._chunkio import ArrayLayout, shared_reader
+from graphstore.layout._chunkio import ArrayLayout, aligned_empty, shared_reader
 
-__all__ = ["MERGE_GAP_BYTES", "PIECE_BYTES", "RowSetStats", "read_row_set"]
+__all__ = ["MERGE_GAP_BYTES", "PIECE_BYTES", "REQUEST_SECONDS", "RowSetStats", "SCATTERED_BYTES_PER_S",
+           "WHOLE_BYTES_PER_S", "read_row_set"]
 
 MERGE_GAP_BYTES = 16 << 10
 """Two runs of blocks closer than this (in one file) are read as one request. Measured on the
@@ -55,15 +66,33 @@ as 31,000 requests (133 MB), 1.25 s merging gaps under 8 KiB and 1.11 s under 64
 MB); 600,000 rows took 7.7, 4.5 and 3.7 s. Time varies little and bytes by 4x, and under a
 memory cap bytes read are page cache to reclaim: a small gap, above one 4 KiB block."""
 PIECE_BYTES = 1 << 20
-"""Most bytes one worker task reads into its scratch buffer before copying rows out (so
-THREADS tasks hold at most 16 MiB of scratch)."""
+"""Most bytes one worker task reads into its scratch buffer before copying rows out (a run
+alone may be longer; at densities where runs get long, `_whole_chunks` reads chunks whole)."""
 WHOLE_CHUNK_RUN_BYTES = 64 << 20
 """Most bytes one request of the whole-chunk fallback reads."""
-THREADS = 16
+REQUEST_SECONDS = 30e-6
+"""Cost model (`_whole_chunks`): wall seconds one scattered request adds with THREADS in
+flight. SCATTERED_BYTES_PER_S: the bandwidth of the bytes those requests read.
+WHOLE_BYTES_PER_S: the bandwidth of whole chunk files read by `ChunkReader` (O_DIRECT,
+4 MiB+ requests). Fitted on the development machine's virtio SSD (cold cache, loaded
+machine, 2.1M rows of 1 KiB in 8 MiB chunks, 16 threads): 31,200 requests of 36 KB (1.12
+GB) took 1.9 s, 1,250 requests of 1.6 MB (2.06 GB) 1.7-2.3 s, i.e. ~1.1 GB/s and ~30 us
+per request; ``dd iflag=direct bs=4M`` and whole 8 MiB chunks read at 1.3-1.9 GB/s. So an
+8 MiB chunk is read whole once its blocks need more than ~4 MB in ~70 requests (about 4 %
+of its rows asked for, at random)."""
+SCATTERED_BYTES_PER_S = 1.1e9
+WHOLE_BYTES_PER_S = 1.4e9
+WHOLE_CHUNK_BATCH = 4
+"""Chunks read whole per `ChunkReader` call (one each for its 4 threads): the scratch they
+share is this many chunks (32 MiB of 8 MiB chunks)."""
+THREADS = 64
 """Worker threads, each with one request in flight. Measured with the C reader on the
 development machine's SSD (cold, 33,000 rows scattered over 3.5 GiB, ~27,000 requests):
 33k requests/s with 4 threads, 45k with 8, 49k with 16, 60k with 64; 600,000 rows (15,000
-longer requests) reach the disk's sequential bandwidth from 8 threads on."""
+longer requests) reach the disk's sequential bandwidth from 8 threads on. Again for a
+macro-batch's rows (32,600 of 2.1M rows of 1 KiB, 23,000 requests, 195 MB; cold, loaded
+machine, median of 4): 0.61 s with 16 threads, 0.49 s with 64 (0.57 s with 64 and 256 KiB
+pieces: more tasks, more CPU). 64 tasks hold at most 64 MiB of scratch."""
 
 
 @dataclass
@@ -169,29 +198,80 @@ def _plan_runs(layout: ArrayLayout, ids: np.ndarray) -> _Runs:
     return _Runs(blocks[starts], blocks[ends], lo[starts], hi[ends])
 
 
+def _whole_chunks(layout: ArrayLayout, runs: _Runs) -> np.ndarray:
+    """The chunks (ascending) cheaper to read whole than as their runs of blocks, by the cost
+    model of REQUEST_SECONDS, SCATTERED_BYTES_PER_S and WHOLE_BYTES_PER_S."""
+    if WHOLE_BYTES_PER_S <= 0:
+        return np.empty(0, dtype=np.int64)
+    chunk = runs.row_lo // layout.chunk_rows
+    requests = np.bincount(chunk)
+    scattered_bytes = np.bincount(chunk, weights=(runs.row_hi - runs.row_lo) * layout.row_bytes)
+    scattered = requests * REQUEST_SECONDS + scattered_bytes / SCATTERED_BYTES_PER_S
+    return np.flatnonzero(scattered > layout.file_bytes / WHOLE_BYTES_PER_S)
+
+
 def _read_blocks(layout: ArrayLayout, ids: np.ndarray, out: np.ndarray) -> RowSetStats:
     runs = _plan_runs(layout, ids)
+    whole = _whole_chunks(layout, runs)
+    if whole.size:
+        keep = ~np.isin(runs.row_lo // layout.chunk_rows, whole)
+        runs = _Runs(runs.first[keep], runs.last[keep], runs.row_lo[keep], runs.row_hi[keep])
     rb = layout.row_bytes
     # Groups of consecutive runs of at most PIECE_BYTES (a run alone may be larger).
     run_bytes = (runs.row_hi - runs.row_lo) * rb
     group_of = (np.cumsum(run_bytes) - run_bytes) // PIECE_BYTES
     cuts = np.flatnonzero(np.diff(group_of)) + 1
-    groups = np.split(np.arange(runs.first.size), cuts)
+    groups = np.split(np.arange(runs.first.size), cuts) if runs.first.size else []
     files = _Files(layout)
+    futures = []
+    first_error = None
+    stats = RowSetStats(blocks=int((runs.last - runs.first + 1).sum()), requests=int(runs.first.size),
+                        bytes_read=int(run_bytes.sum()))
     try:
         futures = [_workers().submit(_read_group, layout, runs, g, ids, out, files) for g in groups]
-        first_error = None
+        # The whole chunks are read here (by the ChunkReader's threads) while the workers
+        # read the blocks: both kinds of request in flight together.
+        stats.add(_read_chunks(layout, whole, ids, out))
+    except BaseException as e:  # noqa: BLE001 (re-raised below, once the workers are done)
+        first_error = e
+    finally:
         for f in futures:  # wait for every task: none may write into ``out`` after we return
             try:
                 f.result()
             except BaseException as e:  # noqa: BLE001 (the first one is re-raised below)
                 first_error = first_error or e
-        if first_error is not None:
-            raise first_error
-    finally:
         files.close()
-    return RowSetStats(blocks=int((runs.last - runs.first + 1).sum()), requests=int(runs.first.size),
-                       bytes_read=int(run_bytes.sum()))
+    if first_error is not None:
+        raise first_error
+    return stats
+
+
+def _read_chunks(layout: ArrayLayout, chunks: np.ndarray, ids: np.ndarray, out: np.ndarray) -> RowSetStats:
+    """The rows of ``ids`` in ``chunks`` (ascending), each chunk read whole and verified by
+    `ChunkReader` (O_DIRECT into an aligned scratch of WHOLE_CHUNK_BATCH chunks)."""
+    stats = RowSetStats()
+    if chunks.size == 0:
+        return stats
+    n, R = layout.shape[0], layout.chunk_rows
+    batch = min(WHOLE_CHUNK_BATCH, int(chunks.size))
+    scratch = aligned_empty((batch * R, *layout.shape[1:]), layout.dtype)
+    for k in range(0, chunks.size, batch):
+        mine = chunks[k : k + batch]
+        starts = mine * R
+        stops = np.minimum(starts + R, n)
+        requests = [(layout, int(a), int(b), scratch[j * R : j * R + int(b - a)])
+                    for j, (a, b) in enumerate(zip(starts, stops))]
+        read = shared_reader().read_into(requests)
+        i = np.searchsorted(ids, starts)
+        j = np.searchsorted(ids, stops)
+        # Row ids[t] of chunk c sits at (c's slot) * R + ids[t] - c * R of the scratch.
+        slot = np.repeat(np.arange(mine.size), j - i)
+        take = np.concatenate([np.arange(a, b) for a, b in zip(i, j)]) if mine.size > 1 else np.arange(i[0], j[0])
+        out[take] = scratch[slot * R + ids[take] - starts[slot]]
+        stats.blocks += int(mine.size)
+        stats.requests += read.file_reads
+        stats.bytes_read += read.bytes_read
+    return stats
 
 
 def _read_group(layout: ArrayLayout, runs: _Runs, group: np.ndarray, ids: np.ndarray, out: np.ndarray,
@@ -203,11 +283,17 @@ def _read_group(layout: ArrayLayout, runs: _Runs, group: np.ndarray, ids: np.nda
         _read_group_native(layout, runs, group, lo, hi, offsets, scratch, files)
     else:
         _read_group_python(layout, runs, group, lo, hi, offsets, scratch, files)
-    # The rows asked for that these runs hold: where each sits in the scratch buffer.
+    # The rows asked for that these runs hold: where each sits in the scratch buffer. Between
+    # two runs of a group may lie chunks read whole (`_read_chunks`): their rows are not here.
     i0, i1 = np.searchsorted(ids, [lo[0], hi[-1]])
     mine = ids[i0:i1]
     run = np.searchsorted(lo, mine, side="right") - 1
-    out[i0:i1] = scratch[offsets[run] + mine - lo[run]]
+    held = mine < hi[run]
+    if held.all():
+        out[i0:i1] = scratch[offsets[run] + mine - lo[run]]
+    else:
+        at = np.flatnonzero(held)
+        out[i0 + at] = scratch[offsets[run[at]] + mine[at] - lo[run[at]]]
 
 
 def _read_group_native(layout: ArrayLayout, runs: _Runs, group: np.ndarray, lo: np.ndarray, hi: np.ndarray,

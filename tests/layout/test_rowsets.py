@@ -15,6 +15,7 @@ from graphstore.errors import CorruptStoreError
 from graphstore.layout import _arrays
 from graphstore.layout import _native as native
 from graphstore.layout._convert import ConvertOptions, convert
+from graphstore.layout import _rowsets
 from graphstore.layout._rowsets import MERGE_GAP_BYTES, RowSetStats
 from graphstore.layout._segments import BLOCK_BYTES, CHECKSUMS_GROUP, block_bounds
 from tests.conftest import make_graph
@@ -59,7 +60,8 @@ def test_block_bounds_tile_every_partition_and_chunk():
 
 
 @pytest.mark.parametrize("density", [0.0, 0.0004, 0.01, 0.2, 1.0])
-def test_rows_are_exact_and_only_their_blocks_are_read(store_path, features, density, reader):
+def test_rows_are_exact_and_only_their_blocks_are_read(store_path, features, density, reader, monkeypatch):
+    monkeypatch.setattr(_rowsets, "WHOLE_BYTES_PER_S", 0)  # blocks only: no chunk is read whole
     store = graphstore.open(store_path)
     rng = np.random.default_rng(int(density * 1e4))
     ids = np.flatnonzero(rng.random(N) < density) if density < 1 else np.arange(N)
@@ -90,6 +92,72 @@ def test_a_preallocated_output_and_bad_ids_are_checked(store_path, features):
         store.read_row_set("nodes/features", np.array([5, 5]))
     with pytest.raises(ValueError, match=r"in \[0, 3001\)"):
         store.read_row_set("nodes/features", np.array([3001]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dense_chunks_are_read_whole_and_sparse_ones_as_blocks(store_path, features, reader, seed):
+    """The cost model's choice, per chunk: every row of a chunk asked for -> the chunk file
+    read whole (its crc checked); one row of a chunk -> its block. The rows are the same."""
+    store = graphstore.open(store_path)
+    layout = store._layout("nodes/features")
+    R, rb, C = layout.chunk_rows, layout.row_bytes, layout.num_chunks
+    rng = np.random.default_rng(seed)
+    dense = np.sort(rng.choice(C, 2, replace=False))
+    sparse = np.setdiff1d(np.arange(C), dense)
+    one = np.minimum(sparse * R + rng.integers(0, R, sparse.size), N - 1)
+    ids = np.unique(np.concatenate([np.arange(c * R, min((c + 1) * R, N)) for c in dense] + [one]))
+    stats = RowSetStats()
+    np.testing.assert_array_equal(store.read_row_set("nodes/features", ids, stats=stats), features[ids])
+    table = layout.segments
+    blocks = np.unique(np.searchsorted(table.bounds, one, side="right") - 1)
+    block_bytes = int(np.diff(table.bounds)[blocks].sum()) * rb
+    assert stats.bytes_read == dense.size * layout.file_bytes + block_bytes
+    assert stats.blocks == dense.size + blocks.size
+    # The same set with the model told that whole chunks are slow: blocks only, same rows.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_rowsets, "WHOLE_BYTES_PER_S", 1.0)
+        stats = RowSetStats()
+        np.testing.assert_array_equal(store.read_row_set("nodes/features", ids, stats=stats), features[ids])
+    assert stats.bytes_read < dense.size * layout.chunk_bytes + block_bytes + 2 * MERGE_GAP_BYTES * blocks.size
+    assert stats.blocks > dense.size * (R // 16)
+
+
+def test_the_cost_model_reads_a_chunk_whole_when_its_requests_cost_more():
+    layout = type("L", (), dict(chunk_rows=8192, row_bytes=1024, file_bytes=8192 * 1024 + 4))()
+    R = layout.chunk_rows
+
+    def whole(row_lo, row_hi):
+        lo, hi = np.asarray(row_lo, np.int64), np.asarray(row_hi, np.int64)
+        return _rowsets._whole_chunks(layout, _rowsets._Runs(lo, lo, lo, hi)).tolist()
+
+    # Chunk 0: one 4 KiB block; chunk 1: 200 blocks of 16 KiB runs (3.3 MB); chunk 2: one run of
+    # all of it; chunk 3: 40 runs of 4 KiB.
+    lo = [0] + [R + 40 * k for k in range(200)] + [2 * R] + [3 * R + 200 * k for k in range(40)]
+    hi = [4] + [R + 40 * k + 16 for k in range(200)] + [3 * R] + [3 * R + 200 * k + 4 for k in range(40)]
+    assert whole(lo, hi) == [1, 2]
+    assert whole([], []) == []
+
+
+def test_a_damaged_chunk_read_whole_is_named(store_path, tmp_path):
+    copy = tmp_path / "copy.gs"
+    shutil.copytree(store_path, copy)
+    store = graphstore.open(copy)
+    layout = store._layout("nodes/features")
+    R, rb = layout.chunk_rows, layout.row_bytes
+    f = layout.chunk_path(1)
+    data = bytearray(f.read_bytes())
+    data[(R - 1) * rb] ^= 0x01
+    f.write_bytes(bytes(data))
+    with pytest.raises(CorruptStoreError, match=r"nodes/features chunk 1\b.*checksum mismatch") as e:
+        store.read_row_set("nodes/features", np.arange(R, 2 * R))  # all of chunk 1: read whole
+    assert "\n" not in str(e.value)
+    f.write_bytes(bytes(data[:100]))
+    with pytest.raises(CorruptStoreError, match=r"nodes/features chunk 1\b.*chunk file is 100 bytes"):
+        store.read_row_set("nodes/features", np.arange(R, 2 * R))
+    # Chunk 0 read whole and chunk 2's blocks are intact.
+    ids = np.concatenate([np.arange(R), [2 * R + 5]])
+    np.testing.assert_array_equal(store.read_row_set("nodes/features", ids),
+                                  np.asarray(graphstore.open(store_path).array("nodes/features")[...])[ids])
 
 
 def test_a_damaged_block_fails_only_the_reads_that_touch_it(store_path, tmp_path, reader):
