@@ -701,9 +701,11 @@ def _run_plan_store(args: argparse.Namespace) -> int:
     print(f"evaluation (exact, {r['model']}): floor {_mib(r['eval_floor_bytes'])} "
           f"({r['eval_floor_bytes']:,} bytes), budget {_mib(r['eval_budget_bytes'])}")
     parts = " + ".join(f"{k.replace('_', ' ')} {_mib(v)}" for k, v in r["peak_parts"].items())
-    # Under a budget the figure is a bound (a graph that fits holds less of it).
-    bound = "at most " if "budget" in r["peak_parts"] else ""
-    print(f"expected peak {bound}{_mib(r['peak_bytes'])} = {parts}")
+    # An estimate, not a bound: a graph that fits the budget holds less of it, and at a budget
+    # of a few MiB a run's own fixed costs (its ops' code, its threads) add 30-40 MiB (Cora at
+    # 12-16 MiB: the trainer peaked 28-40 MiB above this sum; the wide stand-in at 512 MiB,
+    # 25-42 MiB below it).
+    print(f"expected peak about {_mib(r['peak_bytes'])} = {parts}")
     return 0
 
 
