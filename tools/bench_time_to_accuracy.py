@@ -75,9 +75,11 @@ Parts
    time only; its epoch 0 includes starting the loader's workers, as the trainer's includes
    its first loads). If the cap kills DGL (its structure is in memory beside the page cache) it
    runs again under bench_outofcore's wide cap (the cap, its structure and 512 MiB).
-   These epochs train the store's whole train split (60 % of the nodes): on the full store
-   an epoch is minutes for graphstore and hours for DGL, so this part is for a quiet
-   machine and a long budget (``--ooc-epochs``, ``--ooc-patience``).
+   On the full store an epoch trains 300,000 targets (``--ooc-train-targets``; the trainer's
+   ``--train-targets``, the same nodes for DGL), bench_outofcore's paper configuration: its
+   whole train split (4.4M nodes) makes a DGL epoch hours. The other stores train their
+   whole split. This part is for a quiet machine and a long budget (``--ooc-epochs``,
+   ``--ooc-patience``).
 
 ``--quick`` (a smoke run of the harness, a few minutes): Cora only, seed 0, at most 20 epochs,
 patience 5, runs under ``WORK/quick``; the out-of-core part on the ``tiny`` store (cached in
@@ -114,6 +116,9 @@ except ImportError:  # run as a script: tools/ is on sys.path
     import run_accuracy
 
 REPO = Path(__file__).resolve().parents[1]
+FULL_STORE_TRAIN_TARGETS = 300_000
+"""Training targets an epoch on the full out-of-core store: bench_outofcore's paper
+configuration (its whole split, 4.4M nodes, makes a DGL epoch hours)."""
 TRAINER = REPO / "trainers" / "node_classification.py"
 SCHEMES = ("minibatch", "megabatch", "disk", "macrobatch")
 REFERENCE = "minibatch"
@@ -635,8 +640,10 @@ def run_ooc(args, log) -> dict:
         f"cap {cap_mib} MiB ({'enforced' if cap_bytes else 'NOT enforced'}), page cache "
         f"{'dropped' if drop else 'kept'} before each run")
     buffer = ["--buffer-bytes", str(args.ooc_buffer_bytes)] if args.ooc_buffer_bytes else []
-    plan = [(REFERENCE, [], None, "in memory, uncapped (the reference)")]
-    plan += [(s, buffer, cap_bytes, f"{s} under the {cap_mib} MiB cap") for s in OUT_OF_CORE]
+    subset = [] if args.ooc_train_targets is None else ["--train-targets", str(args.ooc_train_targets)]
+    settings["train_targets"] = args.ooc_train_targets or "the whole train split"
+    plan = [(REFERENCE, subset, None, "in memory, uncapped (the reference)")]
+    plan += [(s, buffer + subset, cap_bytes, f"{s} under the {cap_mib} MiB cap") for s in OUT_OF_CORE]
     runs: dict[str, dict[int, tuple[dict, dict | None]]] = {}
     descriptions = {}
     for scheme, flags, cap, description in plan:
@@ -703,6 +710,7 @@ def run_dgl(args, path: Path, runs: dict, descriptions: dict, *, cap_bytes: int 
     import numpy as np
 
     import graphstore
+    from trainers.node_classification import train_targets
 
     ref = runs.get(REFERENCE) or {}
     configs = {seed: (m or {}).get("config") for seed, (_, m) in ref.items()}
@@ -717,7 +725,7 @@ def run_dgl(args, path: Path, runs: dict, descriptions: dict, *, cap_bytes: int 
         files = bench_outofcore.prepare_dgl_inputs(store, path, work)
         tag = bench_outofcore._store_tag(path, store)
         split_files = {}
-        for split in ("train", "valid", "test"):
+        for split in ("valid", "test"):
             split_files[f"{split}_ids"] = work / f"{split}_{tag}.npy"
             np.save(split_files[f"{split}_ids"], np.asarray(store.read_node_split(split), np.int64))
         # bench_outofcore's wide cap: room for DGL's in-memory structure on top of the cap.
@@ -737,8 +745,12 @@ def run_dgl(args, path: Path, runs: dict, descriptions: dict, *, cap_bytes: int 
             if not config:
                 continue
             out = args.runs_dir / "ooc" / safe_name(path.name) / DGL / f"seed{seed}.json"
-            spec = dgl_spec(config, store=store, files=files, split_files=split_files, args=args, seed=seed,
-                            out=out)
+            # The targets the reference trained: its --train-targets subset (drawn by the trainer's own rule).
+            train = train_targets(store, argparse.Namespace(train_targets=config.get("train_targets"), seed=seed))
+            train_file = work / f"train_{tag}_{len(train)}_seed{seed}.npy"
+            np.save(train_file, train)
+            spec = dgl_spec(config, store=store, files=files, split_files={**split_files, "train_ids": train_file},
+                            args=args, seed=seed, out=out)
             argv = [py, str(Path(__file__).resolve()), "--child", json.dumps(spec, sort_keys=True)]
             run = run_once(argv, out, cap_bytes=cap_bytes, drop_cache=drop, rerun=args.rerun, log=log)
             if cap_bytes and run["returncode"] != 0 and run.get("oom_kills"):
@@ -956,6 +968,10 @@ def parse_args(argv: Sequence[str] | None):
                          "tiny (20k nodes, a harness check) or a store path (default full; --quick: tiny)")
     ap.add_argument("--ooc-seeds", default="0", help="seeds on the out-of-core graph")
     ap.add_argument("--ooc-epochs", type=int, default=None, help="most epochs there (default 20; --quick 5)")
+    ap.add_argument("--ooc-train-targets", type=int, default=None,
+                    help="training targets an epoch there, drawn by the trainer's --train-targets (the same nodes "
+                         "for DGL) (default: 300,000 on the full store, as bench_outofcore's paper configuration; "
+                         "the whole train split on the others)")
     ap.add_argument("--ooc-patience", type=int, default=None, help="patience there (default 5; --quick 3)")
     ap.add_argument("--ooc-cap-mib", type=int, default=None,
                     help="cgroup cap of megabatch, disk and DGL (default: bench_outofcore's for the store)")
@@ -998,6 +1014,8 @@ def parse_args(argv: Sequence[str] | None):
     args.ooc_epochs = args.ooc_epochs or (5 if args.quick else 20)
     args.ooc_patience = args.ooc_patience if args.ooc_patience is not None else (3 if args.quick else 5)
     args.ooc_store = args.ooc_store or ("tiny" if args.quick else "full")
+    if args.ooc_train_targets is None and args.ooc_store == "full":
+        args.ooc_train_targets = FULL_STORE_TRAIN_TARGETS
     args.no_drop_caches = args.no_drop_caches or args.quick
     args.trainer_flags = shlex.split(args.trainer_flags)
     args.ooc_cache_dir = args.ooc_cache_dir.expanduser()

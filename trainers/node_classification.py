@@ -228,6 +228,11 @@ class NodeClassificationOptions(CommonOptions):
         None, type=positive_int, metavar="B",
         help="targets per training batch (default: derived from the data: min(1000, max(64, train split / 8)), "
              "so an epoch is several optimizer steps even on a 20-per-class split)")
+    train_targets: int | None = option(
+        None, type=positive_int, metavar="N",
+        help="train on N targets of the train split, drawn once from --seed (the same N nodes for every scheme and "
+             "run of that seed): an epoch of a bounded size on a graph whose whole split takes hours, as "
+             "MariusGNN's and bench_outofcore's runs of 300,000 targets (default: the whole split)")
     patience: int = option(
         20, type=non_negative_int, run_only=True, metavar="P",
         help="stop once neither validation accuracy nor validation loss has improved for P epochs (0: run every "
@@ -413,6 +418,25 @@ def resolve_config(args: NodeClassificationOptions, store) -> NodeClassification
                                     eval_scheme=eval_scheme, loader_scheme=loader_scheme)
 
 
+def train_targets(store, args: NodeClassificationOptions) -> np.ndarray:
+    """The training targets: the train split, or ``--train-targets N`` of its nodes drawn
+    without replacement by a generator of ``--seed`` alone (ascending store ids).
+
+    Raises
+    ------
+    ConfigError
+        N larger than the train split.
+    """
+    split = np.asarray(store.read_node_split("train"), dtype=np.int64)
+    if args.train_targets is None:
+        return split
+    if args.train_targets > split.size:
+        raise ConfigError(f"{store.path}: --train-targets {args.train_targets:,} is more than the train split's "
+                          f"{split.size:,} nodes")
+    rng = np.random.default_rng([args.seed, 0x7A6E])  # its own stream: no other draw of the run moves it
+    return np.sort(rng.choice(split, size=args.train_targets, replace=False))
+
+
 def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificationConfig,
                  model: GNN | None = None, *, rank: int = 0) -> dict[str, NodeLoader]:
     """The train loader (with micro-batching when asked; a budget needs ``model`` for its
@@ -453,9 +477,10 @@ def make_loaders(store, args: NodeClassificationOptions, config: NodeClassificat
         # One fetch (one copy of this rank's rows, one process group) for every loader: their
         # epochs run one after another, so their collective rounds never overlap.
         fetch_kw["feature_fetch"] = PartitionedFetch(store, common_kw.get("aggregated"))
+    subset = {} if args.train_targets is None else {"nodes": train_targets(store, args)}
     loaders = {"train": NodeLoader(store, split="train", fanouts=fanouts, batch_size=args.batch_size,
                                    reuse=args.reuse, shuffle=True, **dict(common_kw, scheme=args.scheme),
-                                   **micro_kw, **fetch_kw,
+                                   **micro_kw, **fetch_kw, **subset,
                                    balance_labels={"auto": None, "on": True, "off": False}[args.balance_labels])}
     eval_kw = dict(common_kw, seed=args.seed + 1)
     if config.eval_scheme != config.loader_scheme:  # the buffer flags describe the training scheme
@@ -627,7 +652,7 @@ def resolve_defaults(args: NodeClassificationOptions, store,
         else:
             changes["normalize_features"], derived["normalize_features"] = feature_normalization(store)
     if args.batch_size is None:
-        changes["batch_size"], derived["batch_size"] = default_batch_size(int(store.read_node_split("train").size))
+        changes["batch_size"], derived["batch_size"] = default_batch_size(int(train_targets(store, args).size))
     if args.scheme == "macrobatch" and args.feature_cache is not None and args.feature_cache_bytes is None:
         # A policy named without a size: from memory (a resumed run keeps its checkpoint's).
         if saved is not None and saved.get("feature_cache_bytes"):

@@ -522,3 +522,39 @@ def test_a_feature_cache_without_bytes_is_sized_from_memory(cora_store, tmp_path
     assert m["config"]["loaders"]["train"]["feature_cache_bytes"] == 4 << 20 and len(m["epochs"]) == 3
     assert run(["--store", cora_store, "--scheme", "minibatch", "--feature-cache", policy, "--epochs", 1]) == 1
     assert "--feature-cache" in capsys.readouterr().err
+
+
+def test_train_targets_is_one_seeded_subset_for_every_scheme(cora_store, tmp_path, capsys, monkeypatch):
+    """``--train-targets N``: every scheme trains the same N nodes of the train split (a
+    function of --seed alone), the derived batch follows N, and N past the split is refused."""
+    import graphstore
+    from graphstore.loaders import NodeLoader
+
+    seen = {}
+    real_init = NodeLoader.__init__
+
+    def spy(self, store, **kw):
+        real_init(self, store, **kw)
+        if kw.get("shuffle"):  # the training loader
+            seen.setdefault(kw["scheme"], []).append(self.targets.copy())
+
+    monkeypatch.setattr(NodeLoader, "__init__", spy)
+    for scheme in ("minibatch", "megabatch", "disk"):
+        for seed in (0, 0, 1):
+            out = tmp_path / f"{scheme}_{seed}.json"
+            extra = [] if scheme == "minibatch" else ["--buffer-partitions", 2]
+            assert run(["--store", cora_store, "--scheme", scheme, *extra, "--train-targets", 50, "--seed", seed,
+                        "--epochs", 1, "--fanouts", "5,5", "--hidden", 16, "--metrics-out", out]) == 0
+            m = read(out)
+            assert m["epochs"][0]["train_targets"] == 50 * (2 if scheme == "megabatch" else 1)  # reuse 2
+            assert m["config"]["train_targets"] == 50 and "train split 50 " in m["config"]["derived"]["batch_size"]
+    store = graphstore.open(cora_store)
+    split = set(store.read_node_split("train").tolist())
+    first = seen["minibatch"][0]
+    assert first.size == 50 and set(first.tolist()) <= split
+    for scheme, targets in seen.items():
+        assert (targets[0] == first).all() and (targets[1] == first).all(), scheme  # seed 0, every scheme
+        assert not (targets[2] == first).all(), scheme  # seed 1 draws others
+    capsys.readouterr()
+    assert run(["--store", cora_store, "--train-targets", 141, "--epochs", 1]) == 1
+    assert "--train-targets 141 is more than the train split's 140 nodes" in capsys.readouterr().err

@@ -29,7 +29,9 @@ NC_CONFIG_KEYS = {
     "micro_batching", "micro_strategy", "model", "normalize_features", "num_layers", "policy", "prefetch", "resume", "loader_threads",
     "reuse", "scheme", "seed", "static_cache", "store", "weight_decay",
     # issue 30: early stopping, evaluation's rhythm, per-state label balance, the derived defaults' rules
-    "patience", "eval_every", "balance_labels", "derived"}
+    "patience", "eval_every", "balance_labels", "derived",
+    # issue 30: time to accuracy on a bounded training subset
+    "train_targets"}
 LP_CONFIG_KEYS = {
     "batch_size", "buffer_bytes", "buffer_partitions", "checkpoint_dir", "config", "corrupt", "decoder_hidden",
     "decoder_layers", "degree_fraction", "device", "dropout", "embedding_dim", "embedding_lr",
