@@ -3,6 +3,7 @@ right rows and labels, epochs replay from (seed, epoch), and a byte budget is ho
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -152,6 +153,30 @@ def store32(tmp_path_factory):
     out = tmp_path_factory.mktemp("loaders32") / "g.gs"
     convert(graph, out, ConvertOptions(num_partitions=32, partitioner="random", seed=3))
     return graphstore.open(out)
+
+
+@pytest.mark.parametrize("capacity, batch_size", [(24, 4), (24, 1000), (4, 4), (31, 1)])
+def test_disk_assembles_at_most_a_few_passes_over_the_edges(store32, capacity, batch_size):
+    """DISPERSED's states: about one per batch, but at most ASSEMBLY_PASSES * p / c (each
+    state assembles its c partitions' edges); every partition still read once an epoch and
+    every target trained once."""
+    from graphstore.loaders.node import ASSEMBLY_PASSES
+
+    loader = NodeLoader(store32, split="train", fanouts=(2,), batch_size=batch_size, scheme="disk",
+                        policy="dispersed", capacity=capacity, seed=2)
+    plan = loader.plan(0)
+    p, targets = store32.num_partitions, loader.targets.size
+    batches = -(-targets // batch_size)
+    most = max(2, math.ceil(ASSEMBLY_PASSES * p / capacity))
+    # States holding no training partition are dropped: at most the states asked for (+1: the first).
+    assert len(plan.states) <= max(2, min(batches, most)) + 1
+    if batches > most:  # the cap is what bound it
+        assert len(plan.states) * capacity <= (ASSEMBLY_PASSES + 1) * p + capacity
+    first_resident = {k for state in plan.states for k in state}
+    assert first_resident == set(range(p))  # every partition resident once an epoch
+    assert plan.num_swaps == p - capacity
+    trained = np.concatenate([b.store_ids[b.dense.node_id_offsets[-1]:].numpy() for b in loader.epoch(0)])
+    assert np.array_equal(np.sort(trained), np.sort(loader.targets))
 
 
 @pytest.mark.parametrize("scheme,policy", [("disk", "dispersed"), ("megabatch", None)])
