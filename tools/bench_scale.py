@@ -271,18 +271,20 @@ def communities_for(num_nodes: int, num_classes: int) -> int:
 
 
 def disk_estimate_bytes(num_nodes: int, avg_degree: float, feature_dim: int, feature_dtype: str) -> dict:
-    """Bytes a run needs on disk: the source (int64 edge index of ``N d / 2`` edges, features,
-    float64 labels), the store (each edge twice, int32 source and destination, features, about
-    40 bytes a node of id maps, degrees and the hub group) and the conversion's staging (int32
-    endpoints of every staged edge); the peak is all three at once, plus a tenth. Measured at
-    2,097,152 nodes, 128-d float16: source 1.03 GB, store 1.23 GB, the run folder's peak
-    2.82 GB (this estimate: 2.86 GB)."""
+    """Bytes a run needs on disk: the source (int64 edge index of ``d = N deg / 2`` edges,
+    features, float64 labels), the store (23 bytes a source edge: each edge twice as int32
+    pairs, the hub group, id maps, degrees; and the features) and the conversion's staging
+    (31 bytes a source edge: int32 staged endpoints, an 8-byte grouping key per stored edge,
+    per-node scratch); the peak is all three at once, plus a twentieth. Measured over the
+    64-d float16 runs of 2M to 50M nodes (`docs/benchmarks/scale.json`): the store 22.9-23.7
+    bytes a source edge besides its features, the run folder's peak 60-70 bytes a source edge
+    besides both copies of the features (60.6 GB at 50M nodes; this estimate: 64.5 GB)."""
     directed = num_nodes * avg_degree / 2
     feats = num_nodes * feature_dim * FEATURE_BYTES[feature_dtype]
     source = 16 * directed + feats + 16 * num_nodes
-    store = 2 * directed * 8 + feats + 40 * num_nodes
-    staging = 2 * directed * 8
-    return {"source": int(source), "store": int(store), "peak": int(1.1 * (source + store + staging))}
+    store = 23 * directed + feats
+    staging = 31 * directed
+    return {"source": int(source), "store": int(store), "peak": int(1.05 * (source + store + staging))}
 
 
 def width_for_disk(num_nodes: int, avg_degree: float, feature_dim: int, feature_dtype: str, free_bytes: int,
@@ -291,7 +293,7 @@ def width_for_disk(num_nodes: int, avg_degree: float, feature_dim: int, feature_
     issue: "narrower where the disk is short"); None when even ``least`` columns do not fit.
 
     >>> [width_for_disk(50_000_000, 28, 128, "float16", gb * 10**9) for gb in (80, 60, 40)]
-    [128, 64, None]
+    [128, 32, None]
     """
     dim = feature_dim
     while disk_estimate_bytes(num_nodes, avg_degree, dim, feature_dtype)["peak"] > free_bytes:
