@@ -44,7 +44,11 @@ Usage::
 
     sudo .venv/bin/python tools/bench_scale.py --quick --json docs/benchmarks/scale_quick.json
     sudo nice -n 19 .venv/bin/python tools/bench_scale.py --json docs/benchmarks/scale.json \\
-        --work /work/bench_scale --sizes 1M,2M,4M,8M [--max-size 64M] [--heavy-nodes 80M]
+        --work /work/bench_scale --sizes 2M,4M,8M,16M,50000000 --feature-dim 64   # scale.json's run
+    # rerunning the same line assembles the JSON from the stage records without running anything again
+
+A size whose stages are recorded under ``--work`` is not run again; a store is deleted
+after its stages unless ``--keep-stores`` (a later ``--stages`` then reuses it).
 """
 
 from __future__ import annotations
