@@ -125,6 +125,7 @@ from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import EdgeBatch, EdgeLoader, EdgeLoaderSettings
 from graphstore.loaders.defaults import link_prediction_defaults, memory_budget, step_share
 from graphstore.nn import DECODERS, GNN, full_ranks, link_loss, ogb_hits_at_k, ranking_metrics
+from graphstore.nn.metrics import FULL_RANKS_CANDIDATE_CHUNK
 from graphstore.sample.reference import Block
 
 try:
@@ -757,7 +758,7 @@ class Trainer:
         return torch.cat(out).cpu() if out else torch.zeros(0, dtype=reps.dtype)
 
 
-MAX_CANDIDATE_CHUNK = 1 << 16
+MAX_CANDIDATE_CHUNK = FULL_RANKS_CANDIDATE_CHUNK
 """`full_ranks`' own default: candidates a score block holds without a byte budget."""
 MIN_CANDIDATE_CHUNK = 1024
 """The fewest candidates a block holds under any budget (smaller blocks cost calls, not memory)."""
@@ -765,7 +766,6 @@ SCORE_BLOCK_COPIES = 3
 """[eval batch, chunk] 4-byte values that ranking holds at once: the scores, the comparisons
 and the filter's mask. Measured on WN18RR (40,943 entities, eval batch 256, one 42 MB block):
 the run's peak fell 124 MiB from eval batch 256 to 16."""
-
 
 
 def eval_candidate_chunk(buffer_bytes: int | None, eval_batch_size: int) -> int:

@@ -131,11 +131,15 @@ def _known_candidates(group: torch.Tensor, known_group: torch.Tensor, known_cand
     return owner, known_cand.index_select(0, start.index_select(0, owner) + within)
 
 
+FULL_RANKS_CANDIDATE_CHUNK = 1 << 16
+"""`full_ranks`' default candidates a score block holds (``batch_size`` by this many scores)."""
+
+
 def full_ranks(score_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], src: torch.Tensor,
                dst: torch.Tensor, num_nodes: int, *, rel: torch.Tensor | None = None,
                known_src: torch.Tensor | None = None, known_dst: torch.Tensor | None = None,
                known_rel: torch.Tensor | None = None, batch_size: int = 1024,
-               candidate_chunk: int = 1 << 16) -> torch.Tensor:
+               candidate_chunk: int = FULL_RANKS_CANDIDATE_CHUNK) -> torch.Tensor:
     """Pessimistic rank of each positive ``dst[i]`` among *all* nodes as destinations.
 
     ``rank[i] = 1 + #{c != dst[i] : score(i, c) >= score(i, dst[i])}``, and with known edges
