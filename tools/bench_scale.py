@@ -274,21 +274,26 @@ def communities_for(num_nodes: int, num_classes: int) -> int:
     return max(num_classes, round(num_nodes / 6144 / num_classes) * num_classes)
 
 
-def disk_estimate_bytes(num_nodes: int, avg_degree: float, feature_dim: int, feature_dtype: str) -> dict:
-    """Bytes a run needs on disk: the source (int64 edge index of ``d = N deg / 2`` edges,
-    features, float64 labels), the store (23 bytes a source edge: each edge twice as int32
-    pairs, the hub group, id maps, degrees; and the features) and the conversion's staging
-    (31 bytes a source edge: int32 staged endpoints, an 8-byte grouping key per stored edge,
-    per-node scratch); the peak is all three at once, plus a twentieth. Measured over the
-    64-d float16 runs of 2M to 50M nodes (`docs/benchmarks/scale.json`): the store 22.9-23.7
-    bytes a source edge besides its features, the run folder's peak 60-70 bytes a source edge
-    besides both copies of the features (60.6 GB at 50M nodes; this estimate: 64.5 GB)."""
+def disk_estimate_bytes(num_nodes: int, avg_degree: float, feature_dim: int, feature_dtype: str, *,
+                       edge_bytes: int = 8, staged_removed: bool = True) -> dict:
+    """Bytes a run needs on disk: the source (``edge_index`` of ``d = N deg / 2`` edges at
+    ``edge_bytes`` an endpoint, features, float64 labels), the store (23 bytes a source edge:
+    each edge twice as int32 pairs, the hub group, id maps, degrees; and the features) and the
+    conversion's staging: int32 staged endpoints of both directions (16 bytes a source edge)
+    and their 8-byte grouping keys (16). The store's features are written before its edges,
+    and the conversion drops the staged endpoints once grouped (``staged_removed``), so the
+    peak is the source, the features and 32 bytes a source edge (staged + grouped while
+    grouping, grouped + stored edges while sorting), plus a twentieth; 48 with the staged
+    endpoints kept (the conversion before they were dropped). Measured over the 64-d float16
+    runs of 2M to 50M nodes, staged endpoints kept (`docs/benchmarks/scale.json`): the store
+    22.9-23.7 bytes a source edge besides its features, the run folder's peak 60.6 GB at 50M
+    nodes (this estimate with ``staged_removed=False``: 61.3 GB)."""
     directed = num_nodes * avg_degree / 2
     feats = num_nodes * feature_dim * FEATURE_BYTES[feature_dtype]
-    source = 16 * directed + feats + 16 * num_nodes
+    source = 2 * edge_bytes * directed + feats + 16 * num_nodes
     store = 23 * directed + feats
-    staging = 31 * directed
-    return {"source": int(source), "store": int(store), "peak": int(1.05 * (source + store + staging))}
+    staging = (32 if staged_removed else 48) * directed
+    return {"source": int(source), "store": int(store), "peak": int(1.05 * (source + feats + staging))}
 
 
 def width_for_disk(num_nodes: int, avg_degree: float, feature_dim: int, feature_dtype: str, free_bytes: int,
@@ -296,8 +301,8 @@ def width_for_disk(num_nodes: int, avg_degree: float, feature_dim: int, feature_
     """``feature_dim``, halved until `disk_estimate_bytes`'s peak fits in ``free_bytes`` (the
     issue: "narrower where the disk is short"); None when even ``least`` columns do not fit.
 
-    >>> [width_for_disk(50_000_000, 28, 128, "float16", gb * 10**9) for gb in (80, 60, 40)]
-    [128, 32, None]
+    >>> [width_for_disk(50_000_000, 28, 128, "float16", gb * 10**9) for gb in (80, 50, 30)]
+    [128, 64, None]
     """
     dim = feature_dim
     while disk_estimate_bytes(num_nodes, avg_degree, dim, feature_dtype)["peak"] > free_bytes:
@@ -413,12 +418,114 @@ def _child_infer(spec: dict) -> dict:
 
 
 def _child_verify(spec: dict) -> dict:
+    """``graphstore verify`` over the whole store (every checksum), then the counts and a
+    sample of neighbourhoods checked against the source itself (`check_neighbourhoods`)."""
     from graphstore import cli
 
     code = cli.main(["verify", spec["store"]])
     if code:
         raise SystemExit(code)
-    return {"verified": True}
+    return {"verified": True, **check_neighbourhoods(spec["store"], spec["source"], seed=spec["seed"])}
+
+
+def _npz_rows(path: Path, member: str):
+    """``(dtype, length, open_row)`` of a stored (uncompressed) [2, E] member of an npz:
+    ``open_row(r)`` is a plain file positioned at the start of row r. Found from the zip's
+    local header and numpy's npy header, not by graphstore's source reader, so that the check
+    does not share the code it checks."""
+    import struct
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo(member + ".npy")
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(f"{path}: {member} is compressed; the check reads stored members")
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        local = f.read(30)
+        name_len, extra_len = struct.unpack("<HH", local[26:30])
+        f.seek(info.header_offset + 30 + name_len + extra_len)
+        version = np.lib.format.read_magic(f)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = read_header(f)
+        start = f.tell()
+    if len(shape) != 2 or shape[0] != 2 or fortran:
+        raise ValueError(f"{path}: {member} is {shape}, expected C-order [2, E]")
+
+    def open_row(r: int):
+        f = open(path, "rb")
+        f.seek(start + r * shape[1] * dtype.itemsize)
+        return f
+
+    return dtype, int(shape[1]), open_row
+
+
+def check_neighbourhoods(store_path: str, source: str, *, seed: int, partitions: int = 3, nodes: int = 300,
+                         chunk: int = 1 << 24) -> dict:
+    """The store's edges against the source's, independently of the converter.
+
+    Counts: the stored edges equal the in-degrees' sum and the last bucket offset (int64
+    all). Neighbourhoods: ``nodes`` nodes in each of ``partitions`` destination partitions
+    (the first, the middle and the last: the last one's buckets start past 2**31 edges in a
+    run that stores more), their in-neighbours read bucket by bucket from the store and mapped
+    back to source ids, must equal the source's symmetrised, de-duplicated, loop-free
+    neighbours, found by one streaming pass over ``edge_index``. Raises on any difference."""
+    import numpy as np
+
+    import graphstore
+
+    store = graphstore.open(store_path)
+    n, p, size = store.num_nodes, store.num_partitions, store.partition_size
+    offsets = np.asarray(store.bucket_offsets[...], dtype=np.int64)
+    degree_sum = int(store.read_degree("in").sum())
+    if not int(offsets[-1]) == degree_sum == int(store.num_edges):
+        raise RuntimeError(f"edge counts disagree: num_edges {store.num_edges}, last bucket offset "
+                           f"{int(offsets[-1])}, in-degree sum {degree_sum}")
+    rng = np.random.default_rng(seed)
+    parts = sorted({0, p // 2, p - 1})[:partitions]
+    expected_store, sample = [], []
+    for j in parts:
+        lo, hi = store.partition_range(j)
+        dst_ids = rng.choice(np.arange(lo, hi), size=min(nodes, hi - lo), replace=False)
+        chosen = np.zeros(hi - lo, dtype=bool)
+        chosen[dst_ids - lo] = True
+        for i in range(p):
+            s, d, _ = store.read_bucket(i, j)
+            keep = chosen[d.astype(np.int64) - lo]
+            expected_store.append(np.stack([d[keep], s[keep]]).astype(np.int64))
+        sample.append(dst_ids)
+    stored = np.concatenate(expected_store, axis=1)
+    sample_store = np.concatenate(sample)
+    got = np.unique(store.to_source_ids(stored[0]) * n + store.to_source_ids(stored[1]))
+    # The source's view: every edge touching a sampled node, both directions, loops dropped.
+    wanted = np.zeros(n, dtype=bool)
+    wanted[store.to_source_ids(sample_store)] = True
+    dtype, num_edges, open_row = _npz_rows(Path(source) / "raw" / "data.npz", "edge_index")
+    found = []
+    with open_row(0) as src_f, open_row(1) as dst_f:
+        for a in range(0, num_edges, chunk):
+            count = min(chunk, num_edges - a)
+            u = np.fromfile(src_f, dtype=dtype, count=count).astype(np.int64)
+            v = np.fromfile(dst_f, dtype=dtype, count=count).astype(np.int64)
+            if len(u) != count or len(v) != count:
+                raise RuntimeError(f"{source}: edge_index ends early at edge {a}")
+            loop = u == v
+            for a, b in ((u, v), (v, u)):  # (a, b) stored as the edge b -> a
+                hit = wanted[a] & ~loop
+                found.append(a[hit] * n + b[hit])
+    want = np.unique(np.concatenate(found))
+    if not np.array_equal(got, want):
+        missing, extra = np.setdiff1d(want, got), np.setdiff1d(got, want)
+        raise RuntimeError(f"neighbourhoods differ: {len(missing)} source edges missing from the store, "
+                           f"{len(extra)} stored edges not in the source (first missing "
+                           f"{missing[:1] // n}->{missing[:1] % n})")
+    return {"stored_edges": int(store.num_edges), "last_bucket_offset": int(offsets[-1]),
+            "in_degree_sum": degree_sum, "checked_partitions": parts, "checked_nodes": int(len(sample_store)),
+            "checked_edges": int(len(got)), "source_edges_scanned": num_edges,
+            "last_checked_bucket_starts_at": int(offsets[parts[-1] * p])}
 
 
 CHILDREN = {"generate": _child_generate, "convert": _child_convert, "targets": _child_targets,
@@ -474,6 +581,9 @@ class Run:
         self.args, self.log = args, log
         self.num_nodes, self.feature_dim, self.avg_degree = num_nodes, feature_dim, avg_degree
         self.structure_heavy = structure_heavy
+        # A structure-heavy run's source keeps its endpoints in int32 (half OGB's int64): the
+        # disk's room for one past 2**31 stored edges. The series keeps papers100M's int64.
+        self.edge_dtype = "int32" if structure_heavy else "int64"
         self.name = self.name_of(num_nodes=num_nodes, feature_dim=feature_dim, avg_degree=avg_degree)
         self.dir = args.work / self.name
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -529,7 +639,8 @@ class Run:
     def execute(self) -> dict:
         a = self.args
         if "convert" not in self.record:
-            need = disk_estimate_bytes(self.num_nodes, self.avg_degree, self.feature_dim, a.feature_dtype)["peak"]
+            need = disk_estimate_bytes(self.num_nodes, self.avg_degree, self.feature_dim, a.feature_dtype,
+                                       edge_bytes=4 if self.edge_dtype == "int32" else 8)["peak"]
             free = shutil.disk_usage(a.work).free
             if need > free:
                 raise RuntimeError(f"{self.name} needs about {need / 1e9:.1f} GB of disk, {free / 1e9:.1f} GB free: "
@@ -538,6 +649,7 @@ class Run:
             gen_argv = ["--kind", "node", "--layout", "npz", "--num-nodes", str(self.num_nodes),
                         "--avg-degree", str(self.avg_degree), "--feature-dim", str(self.feature_dim),
                         "--feature-dtype", a.feature_dtype if a.feature_dtype == "float16" else "float32",
+                        "--edge-dtype", self.edge_dtype,
                         "--num-classes", str(classes), "--communities", str(communities_for(self.num_nodes, classes)),
                         "--locality", "0.75", "--homophily", "0.2", "--seed", str(a.seed), "--no-progress",
                         "--overwrite", "--out", str(self.source)]
@@ -549,7 +661,7 @@ class Run:
             conv = self.stage("convert", "convert", {"argv": conv_argv, "store": str(self.store),
                                                      "command": "python -m graphstore convert " + " ".join(conv_argv)},
                               a.convert_cap_bytes)
-            if not a.keep_sources:
+            if not a.keep_sources and not self.structure_heavy:  # a heavy run's verify reads it
                 shutil.rmtree(self.source, ignore_errors=True)
         conv = self.record["convert"]
         targets = self.dir / "targets.npy"
@@ -573,7 +685,10 @@ class Run:
                                           "hidden": a.hidden, "buffer_bytes": a.train_cap_bytes - PROCESS_BYTES,
                                           "scratch": str(self.dir)}, a.train_cap_bytes)
         if self.structure_heavy:
-            self.stage("verify", "verify", {"store": str(self.store)}, a.convert_cap_bytes)
+            self.stage("verify", "verify", {"store": str(self.store), "source": str(self.source), "seed": a.seed},
+                       a.convert_cap_bytes)
+            if not a.keep_sources:
+                shutil.rmtree(self.source, ignore_errors=True)
         if not a.keep_stores:
             shutil.rmtree(self.store, ignore_errors=True)
             targets.unlink(missing_ok=True)
@@ -593,7 +708,7 @@ class Run:
         return {"name": self.name, "num_nodes": self.num_nodes, "stored_edges": stored,
                 "over_2_31_edges": None if stored is None else stored > 2**31,
                 "avg_degree_generated": self.avg_degree, "feature_dim": self.feature_dim,
-                "feature_dtype": self.args.feature_dtype,
+                "feature_dtype": self.args.feature_dtype, "source_edge_dtype": self.edge_dtype,
                 "feature_bytes": self.num_nodes * self.feature_dim * FEATURE_BYTES[self.args.feature_dtype],
                 "structure_heavy": self.structure_heavy, "failed": self.failed,
                 "partitions": conv.get("num_partitions"),

@@ -12,7 +12,7 @@ benchmarked on graphs of any size without a network::
         node-feat.csv.gz       D comma-separated decimals per line   (D > 0)
         node-label.csv.gz      one int per line                      (node kind)
         -- or, with --layout npz (the ogbn-papers100M variant) --
-        data.npz               edge_index.npy [2, E] int64, node_feat.npy [N, D],
+        data.npz               edge_index.npy [2, E] int64 (--edge-dtype), node_feat.npy [N, D],
                                num_nodes_list.npy [1] int64, num_edges_list.npy [1] int64
         node-label.npz         node_label.npy [N, 1] float64, NaN = unlabeled (node kind)
       split/random/
@@ -178,6 +178,10 @@ class SyntheticConfig:
     """Dataset name recorded in ``synthetic.json``."""
     feature_dtype: str = "float32"
     """``"float32"`` or ``"float16"``: dtype of ``node_feat`` in the npz layout."""
+    edge_dtype: str = "int64"
+    """``"int64"`` (OGB's own) or ``"int32"``: dtype of ``edge_index`` in the npz layout.
+    int32 halves the source's edge bytes, which is what lets a graph past 2**31 stored edges
+    fit beside its store and the conversion's staging on a 64 GB disk (tools/bench_scale.py)."""
     split: tuple[float, float, float] | None = None
     """Train, valid, test fractions; None gives 0.6/0.2/0.2 (node) or 0.9/0.05/0.05
     (link, where valid and test are held-out edges and train is what stays in raw/)."""
@@ -218,6 +222,10 @@ def _validate(cfg: SyntheticConfig) -> tuple[float, float, float]:
         raise SyntheticError(
             f"feature dtype must be 'float32' or 'float16' (got {cfg.feature_dtype!r})"
         )
+    if cfg.edge_dtype not in ("int64", "int32"):
+        raise SyntheticError(f"edge dtype must be 'int64' or 'int32' (got {cfg.edge_dtype!r})")
+    if cfg.edge_dtype == "int32" and cfg.num_nodes > 2**31:
+        raise SyntheticError(f"edge dtype int32 holds node ids below 2**31 (num_nodes {cfg.num_nodes})")
     if cfg.num_nodes < 2:
         raise SyntheticError(f"num_nodes must be at least 2 (got {cfg.num_nodes})")
     if not (cfg.avg_degree > 0 and math.isfinite(cfg.avg_degree)):
@@ -986,7 +994,8 @@ def _write_edges(cfg: SyntheticConfig, model: _Model, held: _HeldOut | None,
         if npz is not None:
             # Row 0 (sources) streams into the member; row 1 (destinations) waits in a
             # flat temporary file, since a zip member must be written front to back.
-            src_stream = npz.member("edge_index", (2, num_raw_edges), np.dtype(np.int64))
+            edge_dtype = np.dtype(cfg.edge_dtype)
+            src_stream = npz.member("edge_index", (2, num_raw_edges), edge_dtype)
             stack.callback(src_stream.close, check=False)
             dst_tmp = raw / ".edge_dst.tmp"
             dst_file = stack.enter_context(open(dst_tmp, "wb"))
@@ -1004,8 +1013,8 @@ def _write_edges(cfg: SyntheticConfig, model: _Model, held: _HeldOut | None,
                 if cfg.write_train_pt:
                     train_pt.append(np.stack([u, v], axis=1))
             if npz is not None:
-                src_stream.write(u)
-                v.tofile(dst_file)
+                src_stream.write(u.astype(edge_dtype, copy=False))
+                v.astype(edge_dtype, copy=False).tofile(dst_file)
             else:
                 edge_sink.write(format_decimal_rows(np.stack([u, v], axis=1)))
             if bar is not None:
@@ -1453,6 +1462,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="probability that an edge stays inside its source's community")
     p.add_argument("--name", default="synthetic")
     p.add_argument("--feature-dtype", choices=("float32", "float16"), default="float32")
+    p.add_argument("--edge-dtype", choices=("int64", "int32"), default="int64",
+                   help="dtype of edge_index in the npz layout (int64 as OGB writes it)")
     p.add_argument("--split", type=_split_arg, default=None,
                    help="train,valid,test fractions (node default 0.6,0.2,0.2; "
                         "link default 0.9,0.05,0.05)")
@@ -1501,7 +1512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         feature_dim=args.feature_dim, num_classes=args.num_classes, layout=args.layout,
         seed=args.seed, chunk_nodes=args.chunk_nodes, homophily=args.homophily,
         communities=args.communities, locality=args.locality,
-        name=args.name, feature_dtype=args.feature_dtype, split=args.split,
+        name=args.name, feature_dtype=args.feature_dtype, edge_dtype=args.edge_dtype, split=args.split,
         split_name=args.split_name, unlabeled_fraction=args.unlabeled_fraction,
         write_train_pt=args.write_train_pt, max_degree=args.max_degree,
         degree_exponent=args.degree_exponent, feature_accuracy=args.feature_accuracy,

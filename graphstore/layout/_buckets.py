@@ -71,9 +71,13 @@ class EdgeCounts:
 
 
 def write_edges(layout: StoreWriter, staged: StagedEdges, store_id: np.ndarray, work: Path,
-               chunk_edges: int, keep_duplicates: bool) -> EdgeCounts:
+               chunk_edges: int, keep_duplicates: bool, *, consume: bool = False) -> EdgeCounts:
     """Group the staged edges by destination partition on disk, then, one destination
     partition at a time, sort them into buckets and merge duplicates.
+
+    ``consume`` removes the staged files once they are grouped, before the store's edges
+    are written: the conversion reads them no more, and at 2**31 stored edges they are
+    16 GB of disk that would otherwise sit beside the grouped copy and the growing store.
 
     Returns the counts of the stored edges and of the merges (`EdgeCounts`).
     """
@@ -89,8 +93,17 @@ def write_edges(layout: StoreWriter, staged: StagedEdges, store_id: np.ndarray, 
     starts = np.concatenate([[0], np.cumsum(per_partition)])
     keys = _key_fields(layout, staged, store_id)
     if keys is not None:
-        return _write_edges_native(layout, staged, store_id, work, chunk_edges, keep_duplicates, starts, keys)
-    return _write_edges_numpy(layout, staged, store_id, work, chunk_edges, keep_duplicates, starts)
+        return _write_edges_native(layout, staged, store_id, work, chunk_edges, keep_duplicates, starts, keys,
+                                   consume)
+    return _write_edges_numpy(layout, staged, store_id, work, chunk_edges, keep_duplicates, starts, consume)
+
+
+def _remove_staged(staged: StagedEdges) -> None:
+    """Unlink the staged edge files (an open descriptor keeps its file until closed)."""
+    for path in (staged.src_path, staged.dst_path, staged.rel_path):
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +172,8 @@ def _in_order(pool: ThreadPoolExecutor, tasks: Iterable[tuple[Callable[[], objec
 
 
 def _write_edges_native(layout: StoreWriter, staged: StagedEdges, store_id: np.ndarray, work: Path,
-                        chunk_edges: int, keep_duplicates: bool, starts: np.ndarray, keys: _KeyFields) -> EdgeCounts:
+                        chunk_edges: int, keep_duplicates: bool, starts: np.ndarray, keys: _KeyFields,
+                        consume: bool) -> EdgeCounts:
     """`write_edges` through the C kernel: pass 1 packs chunks of staged edges into keys
     grouped by destination partition (one scratch file of 8 bytes an edge), pass 2 sorts and
     merges each destination partition's keys; both on `_workers` threads."""
@@ -192,6 +206,11 @@ def _write_edges_native(layout: StoreWriter, staged: StagedEdges, store_id: np.n
                     native.write_groups(grouped.fileno(), grouped.path, packed, counts, cursor)
                     grouped.note_written(packed.nbytes)
             grouped.drop_cache()
+            if consume:
+                for fd in fds:
+                    os.close(fd)
+                fds = []
+                _remove_staged(staged)
             t1 = time.perf_counter()
             # Pass 2: per destination partition, sort, merge, decode, count; appended in order.
             result = _sort_keys_into_store(layout, pool, grouped, starts, keys, with_rel=with_rel,
@@ -277,7 +296,7 @@ _HAS_FADVISE = hasattr(os, "posix_fadvise")
 
 
 def _write_edges_numpy(layout: StoreWriter, staged: StagedEdges, store_id: np.ndarray, work: Path,
-                       chunk_edges: int, keep_duplicates: bool, starts: np.ndarray) -> EdgeCounts:
+                       chunk_edges: int, keep_duplicates: bool, starts: np.ndarray, consume: bool) -> EdgeCounts:
     """`write_edges` in numpy: the same bytes as the C path, in columns of int64."""
     p, size = layout.p, layout.partition_size
     with_rel = staged.rel_path is not None
@@ -305,6 +324,8 @@ def _write_edges_numpy(layout: StoreWriter, staged: StagedEdges, store_id: np.nd
                 first = stop
         for f in scratch.values():
             f.drop_cache()
+        if consume:
+            _remove_staged(staged)
         # Pass 2: per destination partition, sort by (src partition, dst, src[, rel]),
         # merge duplicates, append to the store.
         return _sort_groups_into_store(layout, scratch, starts, with_rel, keep_duplicates, work,

@@ -306,7 +306,7 @@ def _build(source: Path | SourceGraph, tmp: Path, opts: ConvertOptions) -> Manif
     with _phase("write features", timings):
         feature_dtype = write_features(layout, graph, store_id, work, opts.progress, opts.feature_dtype)
     with _phase("write edges", timings):
-        stored = write_edges(layout, staged, store_id, work, opts.chunk_edges, opts.keep_duplicates)
+        stored = write_edges(layout, staged, store_id, work, opts.chunk_edges, opts.keep_duplicates, consume=True)
         num_edges, cut_edges = stored.num_edges, stored.cut_edges
     with _phase("write splits", timings):
         split_counts, split_kinds = write_splits(layout, graph, store_id, work)

@@ -122,6 +122,40 @@ def test_64_bit_store_ids_on_both_paths(tmp_path, monkeypatch):
     assert_same(c, ref)
 
 
+@pytest.mark.parametrize("path", ["c", "numpy"])
+def test_staged_edges_are_removed_before_the_store_is_written(tmp_path, monkeypatch, path):
+    """A conversion drops its staged endpoints once they are grouped: at 2**31 stored edges
+    they are 16 GB that need not sit beside the grouped copy and the growing store."""
+    graph, _ = make_graph(seed=3, num_nodes=700, num_edges=6000, num_relations=4, duplicates=100)
+    seen = []
+    if path == "c":
+        sort_group = native.sort_group
+
+        def sorting(fd, grouped_path, *args, **kwargs):
+            seen.append(sorted(f.name for f in Path(grouped_path).parent.rglob("edges_*")))
+            return sort_group(fd, grouped_path, *args, **kwargs)
+
+        monkeypatch.setattr(native, "sort_group", sorting)
+    else:
+        monkeypatch.setattr(native, "library", lambda: None)
+        sort_groups = _buckets._sort_groups_into_store
+
+        def sorting(layout, scratch, *args, **kwargs):
+            work = Path(next(iter(scratch.values())).path).parent
+            seen.append(sorted(f.name for f in work.rglob("edges_*")))
+            return sort_groups(layout, scratch, *args, **kwargs)
+
+        monkeypatch.setattr(_buckets, "_sort_groups_into_store", sorting)
+    convert(graph, tmp_path / "s.gs", ConvertOptions(num_partitions=3, partitioner="random"))
+    assert seen and all(names == [] for names in seen), seen
+    # and the store holds every edge: the same store as one converted without removal
+    ref = tmp_path / "ref.gs"
+    monkeypatch.setattr(_convert, "write_edges",
+                        lambda *a, consume, **k: _buckets.write_edges(*a, consume=False, **k))
+    convert(graph, ref, ConvertOptions(num_partitions=3, partitioner="random"))
+    assert_same(store_files(tmp_path / "s.gs"), store_files(ref))
+
+
 def test_a_key_past_64_bits_falls_back_to_numpy():
     class Layout:  # 1024 partitions of 2**20 nodes: 10 + 2 * 20 + 1 = 51 bits before relations
         p, partition_size, n = 1 << 10, 1 << 20, 1 << 30

@@ -115,10 +115,13 @@ def test_sizes_communities_and_disk_estimate():
     est = bs.disk_estimate_bytes(50_000_000, 28, 128, "float16")
     assert est["source"] == 16 * 700_000_000 + 50_000_000 * 256 + 16 * 50_000_000
     assert est["peak"] > est["source"] + est["store"]
-    # The measured runs' folders peaked at 2.27 GB (2M nodes, 64-d) and 60.6 GB (50M, 64-d):
-    # the estimate is on the safe side, by at most a quarter.
+    # The measured runs' folders, staged endpoints kept to the end, peaked at 2.27 GB (2M
+    # nodes, 64-d) and 60.6 GB (50M, 64-d): the estimate is on the safe side, by at most a quarter.
     for nodes, peak in ((2_097_152, 2.27e9), (50_000_000, 60.63e9)):
-        assert peak < bs.disk_estimate_bytes(nodes, 28, 64, "float16")["peak"] < 1.25 * peak
+        assert peak < bs.disk_estimate_bytes(nodes, 28, 64, "float16", staged_removed=False)["peak"] < 1.25 * peak
+    # int32 source endpoints halve the source's edge bytes
+    narrow = bs.disk_estimate_bytes(50_000_000, 28, 128, "float16", edge_bytes=4)
+    assert est["source"] - narrow["source"] == 8 * 700_000_000
 
 
 def _smoke(tmp_path, *extra):
@@ -169,6 +172,27 @@ def test_a_stage_killed_by_its_cap_is_reported_in_its_row(tmp_path):
     assert "python -m graphstore convert" in run["failed"]["command"]
 
 
+def test_the_neighbourhood_check_passes_on_its_store_and_fails_on_another_source(tmp_path):
+    from graphstore import cli
+    from tools import make_synthetic
+
+    def source(seed):
+        out = tmp_path / f"src{seed}"
+        argv = ["--kind", "node", "--layout", "npz", "--num-nodes", "3000", "--avg-degree", "12", "--feature-dim",
+                "4", "--edge-dtype", "int32", "--seed", str(seed), "--no-progress", "--out", str(out)]
+        assert make_synthetic.main(argv) == 0
+        return out
+
+    good, other = source(0), source(1)
+    assert cli.main(["convert", str(good), str(tmp_path / "s.gs"), "--partitions", "5"]) == 0
+    got = bs.check_neighbourhoods(str(tmp_path / "s.gs"), str(good), seed=0, nodes=50, chunk=1000)
+    assert got["checked_nodes"] == 150 and got["checked_partitions"] == [0, 2, 4]
+    assert got["stored_edges"] == got["in_degree_sum"] == got["last_bucket_offset"] > 3000 * 10
+    assert got["source_edges_scanned"] == 3000 * 6
+    with pytest.raises(RuntimeError, match="neighbourhoods differ"):
+        bs.check_neighbourhoods(str(tmp_path / "s.gs"), str(other), seed=0, nodes=50, chunk=1000)
+
+
 @pytest.mark.slow
 def test_every_stage_of_a_tiny_run(tmp_path):
     code, out = _smoke(tmp_path, "--sizes", "3000", "--heavy-nodes", "2000")
@@ -177,6 +201,8 @@ def test_every_stage_of_a_tiny_run(tmp_path):
     heavy = [r for r in doc["runs"] if r["structure_heavy"]]
     assert len(heavy) == 1 and heavy[0]["feature_dim"] == 4
     assert heavy[0]["stages"]["verify"]["detail"]["verified"] is True
+    assert heavy[0]["stages"]["verify"]["detail"]["checked_edges"] > 0
+    assert heavy[0]["source_edge_dtype"] == "int32"
     for run in doc["runs"]:
         assert set(bs.STAGES) <= set(run["stages"])
         assert run["stages"]["infer"]["detail"]["rows"] == run["num_nodes"]

@@ -254,6 +254,15 @@ def test_npz_float16_features(tmp_path):
         assert np.isfinite(data["node_feat"]).all()
 
 
+def test_npz_int32_edges_hold_the_int64_graph(tmp_path, node_npz):
+    _generate(tmp_path / "i32", seed=0, layout="npz", unlabeled_fraction=0.3, edge_dtype="int32")
+    with np.load(node_npz / "raw" / "data.npz") as wide, np.load(tmp_path / "i32" / "raw" / "data.npz") as narrow:
+        assert narrow["edge_index"].dtype == np.int32
+        np.testing.assert_array_equal(narrow["edge_index"], wide["edge_index"])
+    with pytest.raises(ms.SyntheticError, match="edge dtype"):
+        _generate(tmp_path / "bad", layout="npz", edge_dtype="int16")
+
+
 def test_npz_bytes_are_deterministic(tmp_path, node_npz):
     _generate(tmp_path / "again", seed=0, layout="npz", unlabeled_fraction=0.3,
               chunk_nodes=2048)
