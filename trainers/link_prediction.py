@@ -124,7 +124,7 @@ from graphstore.layout.embeddings import EMBEDDINGS_ARRAY, EmbeddingTable
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import EdgeBatch, EdgeLoader, EdgeLoaderSettings
 from graphstore.loaders.defaults import link_prediction_defaults, memory_budget, step_share
-from graphstore.nn import DECODERS, GNN, full_ranks, link_loss, ogb_hits_at_k, ranking_metrics
+from graphstore.nn import DECODERS, GNN, full_ranks, link_loss, link_micro_batches, ogb_hits_at_k, ranking_metrics
 from graphstore.nn.metrics import FULL_RANKS_CANDIDATE_CHUNK
 from graphstore.sample.reference import Block
 
@@ -457,6 +457,71 @@ def batch_loss(model: torch.nn.Module, batch: EdgeBatch, *, use_embeddings: bool
     return loss, x, rows
 
 
+def _mlp_width(model: torch.nn.Module) -> int:
+    """`HadamardMLP`'s input and hidden widths summed (0 for the other decoders): the
+    ``[C, P, K, w]`` activations its step forms (`estimate_link_step_bytes`)."""
+    mlp = getattr(getattr(model, "module", model).decoder, "mlp", None)
+    return 0 if mlp is None else sum(layer.in_features for layer in mlp)
+
+
+def batch_backward(model: torch.nn.Module, batch: EdgeBatch, *, use_embeddings: bool, rgcn: bool,
+                   device: torch.device, scale: float = 1.0, step_bytes: int | None = None,
+                   corrupt: str = "both", no_sync=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Backpropagate ``scale`` times ``batch``'s mean loss: ``(loss, x, rows, micro-batches)``
+    as `batch_loss` (the loss detached), with ``x.grad`` and the parameters' gradients filled in.
+
+    Under a step budget (``step_bytes``, the budget's share for the batch in training) a
+    batch of learnable embeddings whose step is estimated above it runs as contiguous runs
+    of its positives (`graphstore.nn.link_micro_batches`), each with the chunks of negatives
+    its positives use, each loss weighted by its share of positives: the gradients add up to
+    the batch's (every loss is a mean over positives), and each run's rows, a leaf of their
+    own, add their gradient into ``x.grad``, so the embedding update is the unsplit batch's. A batch
+    through an encoder is not split (the encoder's activations are the step's memory, and
+    its sampled neighbourhoods are shared by the positives). ``no_sync``: a context that
+    holds back data parallelism's gradient reduction, for every run but the last."""
+    negs = batch.negatives
+    if step_bytes is None or batch.dense is not None or not use_embeddings:
+        loss, x, rows = batch_loss(model, batch, use_embeddings=use_embeddings, rgcn=rgcn, device=device)
+        (loss if scale == 1.0 else loss * scale).backward()
+        return loss.detach(), x, rows, 1
+    b = batch.src.numel()
+    num_chunks, k = negs.nodes.shape
+    g = batch.graph
+    rows, inverse = torch.unique(torch.cat([batch.src, batch.dst, negs.nodes.flatten()]), return_inverse=True)
+    dim = g.embeddings.shape[-1]
+    runs = link_micro_batches(negs.chunk_of, budget_bytes=step_bytes, negatives=k, dim=dim,
+                              sides=1 if corrupt in ("dst", "pair") else 2, rows=rows.numel(),
+                              mlp_width=_mlp_width(model))
+    dtype = next(model.parameters()).dtype
+    x = g.embeddings[rows, 0].to(device=device, dtype=dtype).requires_grad_(True)
+    if len(runs) == 1:
+        loss = model(x, batch.rel.to(device), negs.chunk_of.to(device), inverse=inverse.to(device),
+                     negatives_shape=(num_chunks, k))
+        (loss if scale == 1.0 else loss * scale).backward()
+        return loss.detach(), x, rows, 1
+    rel, chunk_of, inverse = batch.rel.to(device), negs.chunk_of.to(device), inverse.to(device)
+    src_at, dst_at, neg_at = inverse[:b], inverse[b:2 * b], inverse[2 * b:].view(num_chunks, k)
+    x.grad = torch.zeros_like(x)
+    total = torch.zeros((), dtype=dtype, device=device)
+    for i, run in enumerate(runs):
+        # Chunks are contiguous and only the last ones can be empty (`NegativeSample`), so a
+        # run's chunks are [lo, hi], renumbered from 0; a run with as many chunks as positives
+        # then has one positive per chunk, the shape `link_prediction_loss` reads as such.
+        lo, hi = int(chunk_of[run.start]), int(chunk_of[run.stop - 1])
+        share = (run.stop - run.start) / b
+        # The run's own rows as a leaf, its gradient added into the batch's: backward through
+        # a gather of the batch's x would zero a copy of all of x per run.
+        own, at = torch.unique(torch.cat([src_at[run], dst_at[run], neg_at[lo:hi + 1].flatten()]),
+                               return_inverse=True)
+        x_run = x.detach().index_select(0, own).requires_grad_(True)
+        with (no_sync() if no_sync is not None and i < len(runs) - 1 else contextlib.nullcontext()):
+            part = model(x_run, rel[run], chunk_of[run] - lo, inverse=at, negatives_shape=(hi - lo + 1, k))
+            (part * (share * scale)).backward()
+        x.grad.index_add_(0, own, x_run.grad)
+        total += part.detach() * share
+    return total, x, rows, len(runs)
+
+
 class Trainer:
     """One run's state: store, table, loader, model, optimizer; trains and evaluates epochs."""
 
@@ -478,10 +543,16 @@ class Trainer:
         in_dim = args.embedding_dim if self.use_embeddings else m.feature_dim
         # With relations (which --encoder rgcn requires) the loader's DENSE carries edge ids,
         # so the RGCN looks up each sampled edge's relation as `graph.rel[dense.edge_ids]`.
+        # Under a byte budget an out-of-core buffer leaves the batch in training its share
+        # (`step_share`, as the node trainer does): a step estimated above it is split into
+        # micro-batches (`batch_backward`), so the buffer and the step together stay within it.
+        buffer_bytes, self.step_bytes = args.buffer_bytes, None
+        if buffer_bytes is not None and not SCHEME_REGISTRY.get(args.scheme).whole_graph:
+            buffer_bytes, self.step_bytes, _ = step_share(buffer_bytes)
         self.loader = EdgeLoader(
             store, batch_size=args.batch_size, negatives=args.negatives, num_chunks=args.num_chunks,
             degree_fraction=args.degree_fraction, scheme=args.scheme, policy=args.policy,
-            capacity=args.buffer_partitions, buffer_bytes=args.buffer_bytes, embeddings=self.table,
+            capacity=args.buffer_partitions, buffer_bytes=buffer_bytes, embeddings=self.table,
             fanouts=None if args.encoder == "none" else args.fanouts,
             num_logical_partitions=args.num_logical_partitions, seed=args.seed, prefetch=args.prefetch,
             rank=self.rank, world_size=self.world, loader_threads=common.loader_threads(args))
@@ -499,6 +570,7 @@ class Trainer:
         if self.use_embeddings and args.embedding_optimizer == "adam":
             self.embedding_adam = {"exp_avg": torch.zeros(store.num_nodes, args.embedding_dim), "step": 0}
         self._full_graph = None
+        self.micro_batches = 0  # steps run as micro-batches, counted over the run (`batch_backward`)
 
     def wrap(self) -> None:
         """Under torchrun, train through `DistributedDataParallel` (after loading a checkpoint)."""
@@ -523,9 +595,11 @@ class Trainer:
                 self._replicated_update(None, None, None)
             return 0.0
         g = batch.graph
-        loss, x, rows = batch_loss(self.trained, batch, use_embeddings=self.use_embeddings,
-                                   rgcn=self.args.encoder == "rgcn", device=self.device)
-        (loss if world == 1 else loss * scale).backward()
+        loss, x, rows, parts = batch_backward(
+            self.trained, batch, use_embeddings=self.use_embeddings, rgcn=self.args.encoder == "rgcn",
+            device=self.device, scale=scale, step_bytes=self.step_bytes, corrupt=self.args.corrupt,
+            no_sync=getattr(self.trained, "no_sync", None))
+        self.micro_batches += parts
         self.optimizer.step()
         if self.use_embeddings:
             with torch.no_grad():
@@ -649,6 +723,18 @@ class Trainer:
             block = Block(torch.arange(n), n, src[order], dst[order])
             self._full_graph = ([block] * len(self.args.fanouts), None if rel is None else rel[order])
         return self._full_graph
+
+    def make_room_for_evaluation(self) -> int:
+        """Ranking holds every node's representation [N, d] and score blocks of the step's
+        share (`eval_candidate_chunk`); when they and the buffer's slots would not fit the
+        run's budget together, free the slots (the next epoch reads its first state again),
+        as the node trainer does before exact evaluation. Returns the bytes freed."""
+        if self.step_bytes is None:  # no byte budget, or the whole graph resident
+            return 0
+        need = self.store.num_nodes * self.args.embedding_dim * 4 + self.step_bytes
+        if self.loader.held_bytes + need > self.args.buffer_bytes:
+            return self.loader.release_memory()
+        return 0
 
     @torch.no_grad()
     def representations(self) -> torch.Tensor:
@@ -925,8 +1011,10 @@ def _train(args: LinkPredictionOptions) -> int:
         logical = f", logical partitions {s.num_logical_partitions}" if s.num_logical_partitions is not None else ""
         inputs = "learnable embeddings" if trainer.use_embeddings else "features"
         placement = f" ({s.embedding_placement})" if s.embedding_placement else ""
+        step_share_note = (f", {common.mib(trainer.step_bytes)} of the budget for the step (split into micro-batches "
+                           f"above it)" if trainer.step_bytes is not None else "")
         say(f"scheme {s.scheme}: policy {s.policy}, {s.capacity} of {s.num_partitions} partitions "
-            f"resident{logical}; {inputs}{placement} d={args.embedding_dim}, encoder {args.encoder}, "
+            f"resident{logical}{step_share_note}; {inputs}{placement} d={args.embedding_dim}, encoder {args.encoder}, "
             f"decoder {args.model}; negatives {args.negatives} x {args.num_chunks} chunks "
             f"(degree fraction {args.degree_fraction:g}); "
             f"eval {config.eval} ({config.eval_corrupt})", flush=True)
@@ -956,7 +1044,7 @@ def _train(args: LinkPredictionOptions) -> int:
         stopped = None
         for epoch in range(start_epoch, args.epochs):
             t0 = time.perf_counter()
-            rounds_before = len(trainer.loader.epoch_stats)
+            rounds_before, micro_before = len(trainer.loader.epoch_stats), trainer.micro_batches
             loss, n = trainer.train_epoch(epoch)
             common.finite_or_raise(loss, epoch)
             t1 = time.perf_counter()
@@ -964,6 +1052,7 @@ def _train(args: LinkPredictionOptions) -> int:
             valid = None
             # Validation only: the test split is scored once, at the end, on the selected model.
             if common.should_evaluate(args, epoch, train_s, eval_s, last_eval_s):
+                trainer.make_room_for_evaluation()
                 reps = trainer.representations()
                 valid = trainer.evaluate(reps, "valid")
             t2 = time.perf_counter()
@@ -973,6 +1062,7 @@ def _train(args: LinkPredictionOptions) -> int:
             io = common.io_stats(trainer.loader.epoch_stats[rounds_before:])  # this rank's, every round
             record = {"epoch": epoch, "train_loss": loss, "train_edges": n, "valid": valid,
                       "time_s": t1 - t0, "eval_time_s": t2 - t1, "io": io,
+                      "micro_batches": trainer.micro_batches - micro_before,
                       "loader": trainer.loader.pipeline_stats.to_dict()}
             history.append(record)
             if valid is not None and (best is None or valid[key] > best["valid"][key]):
@@ -1008,6 +1098,7 @@ def _train(args: LinkPredictionOptions) -> int:
         # too), then scored once on valid and test.
         t3 = time.perf_counter()
         trainer.restore(snapshot, best_epoch=best["epoch"], last_epoch=history[-1]["epoch"])
+        trainer.make_room_for_evaluation()
         reps = trainer.representations()
         scores = {split: trainer.evaluate(reps, split) for split in ("valid", "test")}
         selection = (f"best validation {key}: epoch {best['epoch'] + 1} of {len(history)} trained"

@@ -3,7 +3,8 @@
 `layers` holds the message-passing layers and the `GNN` stack; `decoders` the edge
 scorers and their loss; `metrics` accuracy, MRR / Hits@k and OGB's evaluator rules;
 `base` the `LayerView` both samplers' layers are read through; `step_memory` the estimate
-and measurement of a training step's memory; `accumulate` micro-batch gradient accumulation;
+and measurement of a training step's memory, `link_step` a link-prediction step's bound and
+its micro-batches; `accumulate` micro-batch gradient accumulation;
 `aggregate` the weightless neighbour aggregate of input features (BatchGNN's cache).
 """
 
@@ -34,6 +35,7 @@ from graphstore.nn.metrics import (
     ranking_metrics,
     ranks,
 )
+from graphstore.nn.link_step import estimate_link_step_bytes, link_micro_batches
 from graphstore.nn.step_memory import (
     OPTIMIZERS,
     StepMemory,
@@ -70,11 +72,13 @@ __all__ = [
     "StepMemory",
     "TransE",
     "accuracy",
+    "estimate_link_step_bytes",
     "estimate_step_memory",
     "full_ranks",
     "layer_degrees",
     "layer_view",
     "link_loss",
+    "link_micro_batches",
     "measure_step_memory",
     "micro_batch_backward",
     "ogb_hits_at_k",

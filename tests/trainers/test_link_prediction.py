@@ -14,6 +14,7 @@ import torch
 import graphstore
 from graphstore.errors import ConfigError
 from graphstore.layout.embeddings import EmbeddingTable
+from graphstore.loaders import EdgeLoader
 from trainers import common
 from trainers import link_prediction as lp
 
@@ -387,3 +388,35 @@ def test_ranking_blocks_fit_the_steps_share_of_the_budget(budget, eval_batch):
     # The most that fit: one more candidate would not (unless capped).
     assert chunk == lp.MAX_CANDIDATE_CHUNK or chunk == lp.MIN_CANDIDATE_CHUNK or \
         block + eval_batch * 4 * lp.SCORE_BLOCK_COPIES > step_share(budget)[1]
+
+
+@pytest.mark.parametrize("corrupt", ["both", "dst"])
+def test_micro_batches_give_the_batchs_gradient(fresh_kg, corrupt):
+    """One real batch of the KG store, through `batch_backward` whole and in runs: the same
+    loss, the same gradient of every parameter and of every input row."""
+    args = lp.LinkPredictionOptions.parse(["--store", str(fresh_kg), "--embedding-dim", "16", "--negatives", "32",
+                                           "--num-chunks", "4", "--batch-size", "256", "--corrupt", corrupt])
+    store = graphstore.open(fresh_kg, mode="r+")
+    try:
+        table = lp.init_embeddings(store, 16, scale=0.1, seed=0)
+        loader = EdgeLoader(store, batch_size=256, negatives=32, num_chunks=4, scheme="minibatch", embeddings=table,
+                            seed=0)
+        args, _ = lp.resolve_defaults(args, store)
+        model = lp.LinkModel(args, in_dim=16, num_relations=max(1, store.num_relations)).double()
+        batch = next(iter(loader.epoch(0)))
+        results = []
+        for step_bytes in (None, 64 << 10):
+            model.zero_grad(set_to_none=True)
+            loss, x, rows, parts = lp.batch_backward(model, batch, use_embeddings=True, rgcn=False,
+                                                     device=torch.device("cpu"), step_bytes=step_bytes,
+                                                     corrupt=corrupt)
+            results.append((float(loss), x.grad.clone(), rows.clone(), parts,
+                            [p.grad.clone() for p in model.parameters()]))
+    finally:
+        store.close()
+    (l1, g1, r1, p1, w1), (l2, g2, r2, p2, w2) = results
+    assert p1 == 1 and p2 > 2
+    assert torch.equal(r1, r2)
+    assert l2 == pytest.approx(l1, rel=1e-12)
+    assert torch.allclose(g2, g1, rtol=1e-9, atol=1e-15)
+    assert all(torch.allclose(a, b, rtol=1e-9, atol=1e-15) for a, b in zip(w1, w2))
