@@ -541,14 +541,14 @@ class Trainer:
             raise ConfigError("learnable embeddings need their table (prepare_embeddings)")
         self.table = table if self.use_embeddings else None
         in_dim = args.embedding_dim if self.use_embeddings else m.feature_dim
-        # With relations (which --encoder rgcn requires) the loader's DENSE carries edge ids,
-        # so the RGCN looks up each sampled edge's relation as `graph.rel[dense.edge_ids]`.
         # Under a byte budget an out-of-core buffer leaves the batch in training its share
         # (`step_share`, as the node trainer does): a step estimated above it is split into
         # micro-batches (`batch_backward`), so the buffer and the step together stay within it.
         buffer_bytes, self.step_bytes = args.buffer_bytes, None
         if buffer_bytes is not None and not SCHEME_REGISTRY.get(args.scheme).whole_graph:
             buffer_bytes, self.step_bytes, _ = step_share(buffer_bytes)
+        # With relations (which --encoder rgcn requires) the loader's DENSE carries edge ids,
+        # so the RGCN looks up each sampled edge's relation as `graph.rel[dense.edge_ids]`.
         self.loader = EdgeLoader(
             store, batch_size=args.batch_size, negatives=args.negatives, num_chunks=args.num_chunks,
             degree_fraction=args.degree_fraction, scheme=args.scheme, policy=args.policy,
@@ -570,7 +570,7 @@ class Trainer:
         if self.use_embeddings and args.embedding_optimizer == "adam":
             self.embedding_adam = {"exp_avg": torch.zeros(store.num_nodes, args.embedding_dim), "step": 0}
         self._full_graph = None
-        self.micro_batches = 0  # steps run as micro-batches, counted over the run (`batch_backward`)
+        self.micro_batches = 0  # forward-backward passes of the run's steps, 1 per unsplit step (`batch_backward`)
 
     def wrap(self) -> None:
         """Under torchrun, train through `DistributedDataParallel` (after loading a checkpoint)."""
