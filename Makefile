@@ -10,7 +10,8 @@ STAMP := $(VENV)/.installed
 # The compiled kernels are built by `pip install` (setup.py); editing their sources must
 # rebuild it, so the stamp depends on it too.
 NATIVE_SRC := setup.py graphstore/sample/_native/dense.c graphstore/buffer/_native/csc.c \
-	graphstore/layout/_native/rowsets.c graphstore/layout/_native/edges.c
+	graphstore/layout/_native/rowsets.c graphstore/layout/_native/edges.c \
+	graphstore/layout/_native/partition.c
 # The pyg and dgl extras (graphstore.interop), pinned to what runs with torch 2.13.0 here:
 # dgl 2.x needs torch <= 2.2. dgl 1.1.3 also needs setuptools<70, which torch's metadata
 # refuses (it asks for >=77), so it is installed last, after everything that could upgrade
@@ -37,4 +38,5 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache demo_out graphstore/sample/_native/_dense*.so graphstore/buffer/_native/_csc*.so \
-	graphstore/layout/_native/_rowsets*.so graphstore/layout/_native/_edges*.so
+	graphstore/layout/_native/_rowsets*.so graphstore/layout/_native/_edges*.so \
+	graphstore/layout/_native/_partition*.so

@@ -1,4 +1,4 @@
-"""Builds the compiled kernels (DENSE sampler, CSC builder, block reader, edge phase); all
+"""Builds the compiled kernels (DENSE sampler, CSC builder, block reader, edge phase, partitioner); all
 metadata lives in pyproject.toml.
 
 ``graphstore/sample/_native/dense.c`` (and ``graphstore/buffer/_native/csc.c``) is plain C99 with no Python or torch headers, loaded
@@ -39,6 +39,8 @@ setup(
         Extension("graphstore.layout._native._rowsets", sources=["graphstore/layout/_native/rowsets.c"],
                   optional=True),
         Extension("graphstore.layout._native._edges", sources=["graphstore/layout/_native/edges.c"],
+                  optional=True),
+        Extension("graphstore.layout._native._partition", sources=["graphstore/layout/_native/partition.c"],
                   optional=True),
     ],
     cmdclass={"build_ext": BuildCtypesLibrary},

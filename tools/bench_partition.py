@@ -4,7 +4,7 @@ Usage::
 
     .venv/bin/python tools/bench_partition.py --json docs/benchmarks/partition.json \\
         [--quick] [--sizes 1000000,7340032] [--partitions 64] [--partitioners metis,stream,random] \\
-        [--stream-memory-mib 1024] [--cap-budget-mib 384 --cap-headroom-mib 160 | --no-cap] \\
+        [--stream-memory-mib 1024] [--cap-budget-mib 384 --cap-headroom-mib 160 | --no-cap] [--no-numpy] \\
         [--cache-dir DIR] [--seed 0] [--keep-going] [--warm]
 
 What it does, per graph size (full: 1,048,576 and 7,340,032 nodes; ``--quick``: 100,000
@@ -26,7 +26,10 @@ and 400,000; ``--sizes`` to choose):
   ``--stream-memory-mib`` and, as root, once more with a smaller budget
   (``--cap-budget-mib``) inside a cgroup v1 memory group capped at that budget plus
   ``--cap-headroom-mib`` (the interpreter and libraries, about 100 MiB, and a little page
-  cache; the page cache counts against the cap), case ``stream-capped``.
+  cache; the page cache counts against the cap), case ``stream-capped``; and once more
+  without its compiled kernels (case ``stream-numpy``, unless ``--no-numpy``): the same
+  labels by construction, checked by their hash, and ``summary[...]["stream_kernels"]``
+  gives the kernels' speedup, side by side in the same run.
 * **Measured.** ``edge_cut``: the share of stored edges (both directions) whose endpoints
   are in different partitions, from the labels the child saved; ``seconds``: the
   partitioner's own time (``partition_nodes``' ``info["seconds"]``: reading the staged
@@ -51,6 +54,7 @@ The JSON: ``{"cases": [{"partitioner", "num_nodes", "num_edges", "edge_cut", "se
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -181,8 +185,11 @@ def child(spec: dict) -> int:
     """Partition once and save the labels: the process whose peak memory is measured."""
     import numpy as np
 
+    from graphstore.layout import partition as part_mod
     from graphstore.layout.partition import partition_nodes
 
+    # stream-numpy: the same partitioner without its compiled kernels (the same labels).
+    part_mod._USE_COMPILED = spec.get("compiled", True)
     cpu = time.process_time()
     result = partition_nodes(spec["partitioner"], edges=staged_edges(spec["graph"]),
                              num_partitions=spec["num_partitions"], seed=spec["seed"],
@@ -195,7 +202,7 @@ def child(spec: dict) -> int:
 
 
 def measure(case: str, method: str, description: dict, args, cap_bytes: int | None,
-            memory_bytes: int | None, work: Path) -> dict:
+            memory_bytes: int | None, work: Path, compiled: bool = True) -> dict:
     """One partitioner's child run (after dropping the page cache unless ``--warm``, as root;
     inside a cgroup if capped) and its row."""
     import numpy as np
@@ -204,7 +211,7 @@ def measure(case: str, method: str, description: dict, args, cap_bytes: int | No
     info_path = labels_path.with_suffix(".json")
     spec = {"partitioner": method, "graph": description, "num_partitions": args.partitions,
             "seed": args.seed, "memory_bytes": memory_bytes, "labels": str(labels_path),
-            "info": str(info_path)}
+            "info": str(info_path), "compiled": compiled}
     run = benchkit.run_child(__file__, spec, cap_bytes=cap_bytes, name="graphstore_bench_partition",
                              drop_cache=not args.warm and os.geteuid() == 0)
     row = {"case": case, "partitioner": method, "num_nodes": description["num_nodes"],
@@ -224,6 +231,7 @@ def measure(case: str, method: str, description: dict, args, cap_bytes: int | No
     labels_path.unlink()
     info_path.unlink()
     row.update(edge_cut=round(edge_cut(description, labels), 6), seconds=info["seconds"],
+               labels_sha1=hashlib.sha1(np.ascontiguousarray(labels).tobytes()).hexdigest(),
                cpu_seconds=reported["cpu_seconds"], info=info)
     return row
 
@@ -250,6 +258,15 @@ def add_ratios(rows: list[dict]) -> list[dict]:
                                              "peak_rss_bytes", "cap_bytes", "cgroup_peak_bytes",
                                              "oom_kills", "skipped", "error")}
             for r in same}})
+        compiled = next((r for r in same if r["case"] == "stream" and r.get("seconds")), None)
+        numpy_ = next((r for r in same if r["case"] == "stream-numpy" and r.get("seconds")), None)
+        if compiled and numpy_:  # the compiled kernels' gain, side by side
+            summary[-1]["stream_kernels"] = {
+                "speedup": round(numpy_["seconds"] / compiled["seconds"], 3),
+                "cpu_speedup": round(numpy_["cpu_seconds"] / compiled["cpu_seconds"], 3),
+                "phase_seconds": {"c": compiled["info"].get("phase_seconds"),
+                                  "numpy": numpy_["info"].get("phase_seconds")},
+                "same_labels": compiled["labels_sha1"] == numpy_["labels_sha1"]}
     return summary
 
 
@@ -307,6 +324,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cap-headroom-mib", type=int, default=160,
                     help="cgroup cap = budget + this (interpreter, libraries, page cache)")
     ap.add_argument("--no-cap", action="store_true", help="leave out the capped stream case")
+    ap.add_argument("--no-numpy", action="store_true",
+                    help="leave out stream-numpy (stream without its compiled kernels, beside it for their speedup)")
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "graphstore-bench" / "partition",
                     help="generated graphs and staged edges (kept between runs)")
     ap.add_argument("--seed", type=int, default=0, help="partitioner seed")
@@ -330,17 +349,19 @@ def run_sizes(args, sizes: list[int], methods: list[str], work: Path) -> list[di
         description = ensure_graph(args.cache_dir, n)
         print(f"n={n:,}: {description['num_edges']:,} stored edges, {description['communities']} "
               f"communities (graph ready in {time.perf_counter() - made:.1f} s)", flush=True)
-        plan = [(m, m, None, args.stream_memory_mib << 20 if m == "stream" else None) for m in methods]
+        plan = [(m, m, None, args.stream_memory_mib << 20 if m == "stream" else None, True) for m in methods]
+        if "stream" in methods and not args.no_numpy:
+            plan.append(("stream-numpy", "stream", None, args.stream_memory_mib << 20, False))
         if "stream" in methods and not args.no_cap:
             budget = args.cap_budget_mib << 20
-            plan.append(("stream-capped", "stream", budget + (args.cap_headroom_mib << 20), budget))
-        for case, method, cap_bytes, memory_bytes in plan:
+            plan.append(("stream-capped", "stream", budget + (args.cap_headroom_mib << 20), budget, True))
+        for case, method, cap_bytes, memory_bytes, compiled in plan:
             if cap_bytes is not None and not root:
                 row = {"case": case, "partitioner": method, "num_nodes": n,
                        "num_edges": description["num_edges"], "cap_bytes": cap_bytes,
                        "skipped": "needs root for a cgroup v1 memory cap"}
             else:
-                row = measure(case, method, description, args, cap_bytes, memory_bytes, work)
+                row = measure(case, method, description, args, cap_bytes, memory_bytes, work, compiled)
             rows.append(row)
             print_row(row)
             if row.get("error") and not args.keep_going:
@@ -401,6 +422,10 @@ def main(argv: list[str] | None = None) -> int:
         if stream.get("cut_ratio_vs_metis") is not None:
             print(f"n={s['num_nodes']:,}: stream cut {stream['cut_ratio_vs_metis']:.3f}x METIS's, "
                   f"{stream['speed_ratio_vs_metis']:.1f}x faster", flush=True)
+        if "stream_kernels" in s:
+            k = s["stream_kernels"]
+            print(f"n={s['num_nodes']:,}: stream's compiled kernels {k['speedup']:.2f}x numpy's time "
+                  f"({k['cpu_speedup']:.2f}x CPU), same labels: {k['same_labels']}", flush=True)
     return 0
 
 

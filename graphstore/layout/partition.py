@@ -77,6 +77,7 @@ import numpy as np
 from graphstore._metis import metis_index_dtype, metis_parts
 from graphstore.errors import ConfigError
 from graphstore.layout._fast import unique
+from graphstore.layout._native import partition as _compiled
 from graphstore.layout._staging import FLUSH_BYTES, StagedEdges
 from graphstore.layout.hashing import FeistelPermutation
 from graphstore.registry import Registry
@@ -860,6 +861,16 @@ _STREAM_MAX_THREADS = 4
 """Threads per group at most: the work is memory-bound, more rarely pays."""
 
 
+_USE_COMPILED = True
+"""Whether the stream partitioner runs its per-row work in C (`graphstore.layout._native.partition`)
+when the library is built; the numpy path computes the same results (tests compare them)."""
+
+
+def _kernels():
+    """The compiled kernels' module, or None for the numpy path."""
+    return _compiled if _USE_COMPILED and _compiled.library() is not None else None
+
+
 def _stream_budget(num_nodes: int, memory_bytes: int) -> int:
     """Bytes left for blocks beside the O(N) state; ConfigError when there are too few."""
     node_bytes = _STREAM_NODE_BYTES * num_nodes
@@ -1129,6 +1140,11 @@ class _LevelBuilder:
              num_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         import scipy.sparse
 
+        kernels = _kernels()
+        if kernels is not None:
+            built = kernels.csr(rows, cols, weights, num_rows, self.data_dtype)
+            if built is not None:  # None past 2**31 entries
+                return built
         if weights is None:
             weights = np.ones(rows.shape[0], dtype=self.data_dtype)
         matrix = scipy.sparse.coo_matrix(
@@ -1326,6 +1342,13 @@ def _cluster_decide(
     A cluster is allowed when the row fits in it: with unit weights (``full`` given)
     when it is not full, a 1-byte gather instead of an 8-byte one.
     """
+    kernels = _kernels()
+    if kernels is not None:
+        mine = own[lo : lo + indptr.shape[0] - 1]
+        if full is not None:
+            return kernels.choose(indptr, indices, data, assign, mine, salt, mask=full, mask_want=False)
+        return kernels.choose(indptr, indices, data, assign, mine, salt, load=size, cap=max_weight,
+                              row_weight=weight[lo : lo + indptr.shape[0] - 1])
     ptr, rows, targets, weights = _aggregate(indptr, indices, data, assign, assign.shape[0])
     if full is not None:
         allowed = ~full[targets]
@@ -1407,6 +1430,9 @@ def _contract(level: _Level, cluster: np.ndarray, num_clusters: int, block_bytes
     for first, indptr, indices, data in level.groups():
 
         def emit(lo, indptr, indices, data, first=first):
+            kernels = _kernels()
+            if kernels is not None:
+                return kernels.contract(indptr, indices, data, cluster, first + lo)
             _ptr, rows, targets, weights = _aggregate(indptr, indices, data, cluster, num_clusters)
             rows = cluster[first + lo + rows]
             keep = rows != targets
@@ -1523,6 +1549,17 @@ def _refine_decide(
     ``quota`` to shed (-1 and 0 elsewhere, or the first choice again without a quota).
     """
     num_partitions = part_weight.shape[0]
+    kernels = _kernels()
+    if kernels is not None:
+        mine = own[lo : lo + indptr.shape[0] - 1]
+        fits = {} if limit is None else {"load": part_weight, "cap": limit,
+                                         "row_weight": weight[lo : lo + indptr.shape[0] - 1]}
+        chosen = kernels.choose(indptr, indices, data, labels, mine, salt, **fits)
+        if quota is None or not (quota > 0).any():
+            return (*chosen, chosen[1], chosen[2])
+        _, exit_to, exit_weight = kernels.choose(indptr, indices, data, labels, mine, salt, mask=has_room,
+                                                 row_flag=quota[mine] > 0)
+        return (*chosen, exit_to, exit_weight)
     ptr, rows, targets, weights = _aggregate(indptr, indices, data, labels, num_partitions)
     mine = own[lo : lo + ptr.shape[0] - 1]
     allowed = None if limit is None else part_weight[targets] + weight[lo + rows] <= limit[targets]
@@ -1617,7 +1654,12 @@ def _level_zero(edges: StagedEdges, order: np.ndarray, chunk_edges: int, block_b
     builder = _LevelBuilder(edges.num_nodes, 2 * edges.num_edges, block_bytes, directory, "level0",
                             weighted=False)
 
+    kernels = _kernels()
+
     def prepare(src: np.ndarray, dst: np.ndarray) -> Any:
+        if kernels is not None and not builder.in_memory:
+            counts, pairs = kernels.level_zero(src, dst, order, builder.rows_per_block, len(builder.bounds) - 1)
+            return counts, pairs, None
         keep = src != dst
         a, b = order[src[keep]], order[dst[keep]]
         del src, dst, keep
@@ -1662,10 +1704,12 @@ def _stream(
        input level's last pass and `_rebalance` bring every partition to exactly its
        block size, so the labels are the store's blocks.
 
-    Every pass decides a row group's moves at once (numpy over the whole group, scipy's
-    sparse routines for the per-row sums), groups in order; the per-row work of a group
-    is split over up to `_STREAM_MAX_THREADS` threads (`_Workers`), which changes nothing
-    in the result. The result is deterministic for a seed and a memory budget (the
+    Every pass decides a row group's moves at once, groups in order; the per-row work of
+    a group (each row's weight per neighbouring label and its choice, a contraction's
+    sums, a block's CSR, the input level's entries) runs in C without the GIL
+    (`graphstore.layout._native.partition`; numpy and scipy where the library is not
+    built, with the same result) and is split over up to `_STREAM_MAX_THREADS` threads
+    (`_Workers`), which changes nothing in the result either. The result is deterministic for a seed and a memory budget (the
     budget sets the blocks, hence the groups) and does not depend on ``chunk_edges`` (it
     only sizes the reads of step 1) or on the threads.
     """
@@ -1765,6 +1809,7 @@ def _stream(
         "rebalanced_nodes": rebalanced,
         "memory_bytes": memory_bytes,
         "threads": threads,
+        "kernels": "numpy" if _kernels() is None else "c",
         "phase_seconds": seconds,
         **metis_info,
     }

@@ -33,7 +33,8 @@ def result(tool, tmp_path_factory) -> dict:
 
 def test_every_case_has_the_fixed_keys(result):
     cases = result["cases"]
-    assert [c["partitioner"] for c in cases] == ["metis", "stream", "random"]
+    assert [c["case"] for c in cases] == ["metis", "stream", "random", "stream-numpy"]
+    assert [c["partitioner"] for c in cases] == ["metis", "stream", "random", "stream"]
     for c in cases:
         assert KEYS <= c.keys(), KEYS - c.keys()
         assert c["num_nodes"] == 20_000 and c["num_edges"] > 150_000
@@ -42,7 +43,7 @@ def test_every_case_has_the_fixed_keys(result):
 
 
 def test_ratios_are_against_metis_in_the_same_run(result):
-    by = {c["partitioner"]: c for c in result["cases"]}
+    by = {c["case"]: c for c in result["cases"]}
     assert by["metis"]["cut_ratio_vs_metis"] == 1.0 and by["metis"]["speed_ratio_vs_metis"] == 1.0
     assert by["stream"]["cut_ratio_vs_metis"] == pytest.approx(
         by["stream"]["edge_cut"] / by["metis"]["edge_cut"], rel=1e-3)
@@ -51,7 +52,12 @@ def test_ratios_are_against_metis_in_the_same_run(result):
     assert by["stream"]["edge_cut"] < 0.5
     assert by["stream"]["cut_ratio_vs_metis"] < 1.3
     summary = result["summary"][0]
-    assert summary["num_nodes"] == 20_000 and set(summary["cases"]) == {"metis", "stream", "random"}
+    assert summary["num_nodes"] == 20_000 and set(summary["cases"]) == {"metis", "stream", "random", "stream-numpy"}
+    # The compiled kernels beside the numpy path: the same labels, a measured ratio.
+    kernels = summary["stream_kernels"]
+    assert kernels["same_labels"] and kernels["speedup"] > 0
+    assert by["stream"]["info"]["kernels"] == "c"
+    assert by["stream-numpy"]["info"]["kernels"] == "numpy"
     assert result["goals"]["checked"] and result["goals"]["within_memory_cap"] is None
 
 

@@ -1,0 +1,328 @@
+/* The stream partitioner's per-row work, without the GIL and without sorting.
+ *
+ * Plain C99 with no Python headers, loaded with ctypes by partition.py beside this
+ * file; graphstore/layout/partition.py states the algorithm and keeps a numpy path that
+ * computes the same results. In numpy every label-propagation pass summed each row's edge
+ * weight per neighbouring label by building a scipy CSR whose columns were the labels and
+ * sorting it (csr_sort_indices was a quarter of the partitioner's time), and each level's
+ * blocks were built by scipy's coo -> csr with another sort. Here a row's weights per label
+ * are summed in a small open-addressing table, and a block's CSR is a counting sort by row
+ * followed by a sort of each row's columns.
+ *
+ * Results equal numpy's bit for bit: weights are sums of integers (multiplicities at the
+ * input level, summed multiplicities above it), exact in float32 below 2**24 and in
+ * float64, so the order of summation does not matter; scores are the same two float64
+ * additions (the build is ISO C: no contraction into fused multiply-adds), and ties go to
+ * the smallest label, as numpy's first-in-ascending-order does.
+ */
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(_WIN32)
+#define GS_EXPORT __declspec(dllexport)
+#else
+#define GS_EXPORT __attribute__((visibility("default")))
+#endif
+
+enum { GS_OK = 0, GS_NO_MEMORY = -1, GS_TOO_MANY = -2 };
+
+GS_EXPORT int32_t gs_part_abi_version(void) { return 1; }
+
+/* ------------------------------------------------------------------ per-row sums by label */
+
+/* Open addressing over int32 labels (-1: empty), sized for one row at a time; only the
+ * slots a row used are cleared after it. */
+typedef struct {
+    int32_t *key;
+    double *sum;
+    int32_t *used; /* slots in first-touch order */
+    int64_t mask;  /* capacity - 1, capacity a power of two */
+    int64_t count;
+} table_t;
+
+static int table_init(table_t *t, int64_t max_degree) {
+    int64_t cap = 16;
+    while (cap < 2 * max_degree) cap <<= 1;
+    t->key = malloc(cap * sizeof(int32_t));
+    t->sum = malloc(cap * sizeof(double));
+    t->used = malloc(cap * sizeof(int32_t));
+    if (!t->key || !t->sum || !t->used) {
+        free(t->key); free(t->sum); free(t->used);
+        return GS_NO_MEMORY;
+    }
+    memset(t->key, 0xff, cap * sizeof(int32_t));
+    t->mask = cap - 1;
+    t->count = 0;
+    return GS_OK;
+}
+
+static void table_free(table_t *t) { free(t->key); free(t->sum); free(t->used); }
+
+static inline void table_add(table_t *t, int32_t label, double w) {
+    int64_t slot = (int64_t)(((uint32_t)label * 0x9E3779B1u) & (uint32_t)t->mask);
+    while (t->key[slot] != -1 && t->key[slot] != label) slot = (slot + 1) & t->mask;
+    if (t->key[slot] == -1) {
+        t->key[slot] = label;
+        t->sum[slot] = 0.0;
+        t->used[t->count++] = (int32_t)slot;
+    }
+    t->sum[slot] += w;
+}
+
+static inline void table_clear(table_t *t) {
+    for (int64_t i = 0; i < t->count; i++) t->key[t->used[i]] = -1;
+    t->count = 0;
+}
+
+static int64_t max_row_degree(int64_t rows, const int32_t *indptr) {
+    int64_t most = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t d = (int64_t)indptr[r + 1] - indptr[r];
+        if (d > most) most = d;
+    }
+    return most;
+}
+
+static inline int32_t label_at(const void *labels, int32_t bytes, int64_t i) {
+    return bytes == 2 ? (int32_t)((const int16_t *)labels)[i] : ((const int32_t *)labels)[i];
+}
+
+static inline double weight_at(const void *data, int32_t f64, int64_t i) {
+    return f64 ? ((const double *)data)[i] : (double)((const float *)data)[i];
+}
+
+/* `_tie_break` of partition.py: the salted label's multiplicative hash, top 16 bits, in [0, 0.5). */
+static inline double tie_break(int32_t label, uint32_t salt) {
+    uint32_t mix = ((uint32_t)label ^ salt) * 0x9E3779B1u;
+    mix >>= 16;
+    return (double)mix * (0.5 / 65536.0);
+}
+
+/* Per row: its weight toward its own label, and the allowed other label of most weight
+ * (ties: `tie_break`, then the smallest label); `_aggregate` then `_choose` in numpy.
+ *
+ * A label t is allowed for row r when every given test holds: mask[t] == mask_want;
+ * load[t] + row_weight[r] <= (cap ? cap[t] : cap_scalar); row_flag[r] != 0. best[r] is -1
+ * (best_weight 0) where none is. labels and own are int16 or int32 (label_bytes), load
+ * int32 or int64 (load_bytes), data float32 or float64. */
+GS_EXPORT int gs_part_choose(int64_t rows, const int32_t *indptr, const int32_t *indices, const void *data,
+                             int32_t data_f64, const void *labels, int32_t label_bytes, const void *own,
+                             uint32_t salt, const uint8_t *mask, int32_t mask_want, const void *load,
+                             int32_t load_bytes, const int64_t *cap, int64_t cap_scalar,
+                             const int64_t *row_weight, const uint8_t *row_flag, double *own_weight,
+                             int64_t *best, double *best_weight) {
+    table_t t;
+    if (table_init(&t, max_row_degree(rows, indptr)) != GS_OK) return GS_NO_MEMORY;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t e = indptr[r]; e < indptr[r + 1]; e++)
+            table_add(&t, label_at(labels, label_bytes, indices[e]), weight_at(data, data_f64, e));
+        int32_t mine = label_at(own, label_bytes, r);
+        int flagged = row_flag == NULL || row_flag[r] != 0;
+        double mine_w = 0.0, top = -1.0, top_w = 0.0;
+        int64_t top_label = -1;
+        for (int64_t i = 0; i < t.count; i++) {
+            int64_t slot = t.used[i];
+            int32_t label = t.key[slot];
+            double w = t.sum[slot];
+            if (label == mine) {
+                mine_w = w;
+                continue;
+            }
+            if (!flagged) continue;
+            if (mask != NULL && (mask[label] != 0) != (mask_want != 0)) continue;
+            if (load != NULL) {
+                int64_t have = load_bytes == 4 ? (int64_t)((const int32_t *)load)[label]
+                                               : ((const int64_t *)load)[label];
+                if (have + row_weight[r] > (cap != NULL ? cap[label] : cap_scalar)) continue;
+            }
+            double score = tie_break(label, salt);
+            score += w;
+            if (score > top || (score == top && label < top_label)) {
+                top = score;
+                top_label = label;
+                top_w = w;
+            }
+        }
+        own_weight[r] = mine_w;
+        best[r] = top_label;
+        best_weight[r] = top_label >= 0 ? top_w : 0.0;
+        table_clear(&t);
+    }
+    table_free(&t);
+    return GS_OK;
+}
+
+/* The coarser level's entries of rows [first, first + rows): per row, its cluster, each
+ * other neighbouring cluster and the summed weight toward it (entries inside a cluster
+ * dropped); `_contract`'s emit in numpy, in an order of its own (the level builder sums
+ * and sorts them). Returns the number of entries written (at most indptr[rows]), or
+ * GS_NO_MEMORY. */
+GS_EXPORT int64_t gs_part_contract(int64_t rows, const int32_t *indptr, const int32_t *indices, const void *data,
+                                   int32_t data_f64, const int32_t *cluster, int64_t first, int32_t *out_rows,
+                                   int32_t *out_targets, double *out_weights) {
+    table_t t;
+    if (table_init(&t, max_row_degree(rows, indptr)) != GS_OK) return GS_NO_MEMORY;
+    int64_t k = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t e = indptr[r]; e < indptr[r + 1]; e++)
+            table_add(&t, cluster[indices[e]], weight_at(data, data_f64, e));
+        int32_t mine = cluster[first + r];
+        for (int64_t i = 0; i < t.count; i++) {
+            int64_t slot = t.used[i];
+            if (t.key[slot] == mine) continue;
+            out_rows[k] = mine;
+            out_targets[k] = t.key[slot];
+            out_weights[k] = t.sum[slot];
+            k++;
+        }
+        table_clear(&t);
+    }
+    table_free(&t);
+    return k;
+}
+
+/* ------------------------------------------------------------------ the input level's entries */
+
+/* A chunk of staged edges as level-0 entries grouped by row block: each edge (self loops
+ * dropped) in both directions, in internal ids (order[source id]), as (column, row within
+ * its block) int32 pairs; `_level_zero`'s prepare then `_LevelBuilder.prepare` in numpy.
+ * Writes counts [num_blocks] and pairs [2 * kept edges, 2]; entries keep their chunk
+ * order within a block (the level builder's CSR does not depend on it). Returns the
+ * entries written, or GS_NO_MEMORY. */
+GS_EXPORT int64_t gs_part_level_zero(int64_t m, const int64_t *src, const int64_t *dst, const int32_t *order,
+                                     int64_t rows_per_block, int64_t num_blocks, int64_t *counts,
+                                     int32_t *pairs) {
+    int64_t *cursor = malloc((size_t)(num_blocks > 0 ? num_blocks : 1) * sizeof(int64_t));
+    int32_t *ab = malloc((size_t)(m > 0 ? 2 * m : 2) * sizeof(int32_t));
+    if (!cursor || !ab) {
+        free(cursor); free(ab);
+        return GS_NO_MEMORY;
+    }
+    memset(counts, 0, (size_t)num_blocks * sizeof(int64_t));
+    int64_t kept = 0;
+    for (int64_t i = 0; i < m; i++) {
+        if (src[i] == dst[i]) continue;
+        int32_t a = order[src[i]], b = order[dst[i]];
+        ab[2 * kept] = a;
+        ab[2 * kept + 1] = b;
+        counts[a / rows_per_block]++;
+        counts[b / rows_per_block]++;
+        kept++;
+    }
+    int64_t sum = 0;
+    for (int64_t blk = 0; blk < num_blocks; blk++) {
+        cursor[blk] = sum;
+        sum += counts[blk];
+    }
+    for (int64_t i = 0; i < kept; i++) {
+        int32_t a = ab[2 * i], b = ab[2 * i + 1];
+        int64_t ba = a / rows_per_block, bb = b / rows_per_block;
+        int64_t at = cursor[ba]++;
+        pairs[2 * at] = b;
+        pairs[2 * at + 1] = (int32_t)(a - ba * rows_per_block);
+        at = cursor[bb]++;
+        pairs[2 * at] = a;
+        pairs[2 * at + 1] = (int32_t)(b - bb * rows_per_block);
+    }
+    free(cursor); free(ab);
+    return 2 * kept;
+}
+
+/* ------------------------------------------------------------------ a block's CSR */
+
+/* Ascending sort of 64-bit keys: insertion sort for short runs, else quicksort on the
+ * median of three (Hoare's partition: equal keys split evenly), recursing into the
+ * smaller side. */
+static void sort_keys(uint64_t *a, int64_t n) {
+    while (n > 24) {
+        int64_t mid = n / 2;
+        uint64_t x = a[0], y = a[mid], z = a[n - 1];
+        uint64_t pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        int64_t i = 0, j = n - 1;
+        for (;;) {
+            while (a[i] < pivot) i++;
+            while (a[j] > pivot) j--;
+            if (i >= j) break;
+            uint64_t s = a[i]; a[i] = a[j]; a[j] = s;
+            i++; j--;
+        }
+        int64_t left = j + 1; /* a[0..j] <= pivot <= a[j+1..n) */
+        if (left < n - left) {
+            sort_keys(a, left);
+            a += left; n -= left;
+        } else {
+            sort_keys(a + left, n - left);
+            n = left;
+        }
+    }
+    for (int64_t i = 1; i < n; i++) {
+        uint64_t v = a[i];
+        int64_t j = i - 1;
+        while (j >= 0 && a[j] > v) { a[j + 1] = a[j]; j--; }
+        a[j + 1] = v;
+    }
+}
+
+/* CSR of m (row, column, weight) entries over num_rows rows: columns ascending and
+ * distinct within a row, weights of equal (row, column) summed; scipy's coo -> csr.
+ * weights NULL means 1 each; in and out float32 or float64 (w_f64, out_f64). Writes
+ * indptr [num_rows + 1], indices and data (at most m each); returns the entries kept,
+ * GS_NO_MEMORY, or GS_TOO_MANY past 2**31 entries (the caller then uses scipy).
+ *
+ * A counting sort by row moves only the column (and the weight, when there are weights):
+ * that scatter is the cost, one cache miss an entry. Each row is then sorted in a scratch
+ * of its own size, in cache: its columns alone (unit weights: a run of equal columns is
+ * its multiplicity), or column-and-position keys that carry the weights along. */
+GS_EXPORT int64_t gs_part_csr(int64_t m, const int32_t *rows, const int32_t *cols, const void *weights,
+                              int32_t w_f64, int64_t num_rows, int32_t out_f64, int32_t *indptr,
+                              int32_t *indices, void *data) {
+    if (m >= ((int64_t)1 << 31)) return GS_TOO_MANY;
+    int64_t *start = calloc((size_t)num_rows + 2, sizeof(int64_t));
+    uint32_t *col = malloc((size_t)(m > 0 ? m : 1) * sizeof(uint32_t));
+    double *w = weights == NULL ? NULL : malloc((size_t)(m > 0 ? m : 1) * sizeof(double));
+    if (!start || !col || (weights != NULL && !w)) {
+        free(start); free(col); free(w);
+        return GS_NO_MEMORY;
+    }
+    /* start[r + 2] counts row r; after the prefix sum start[r + 1] is row r's first slot,
+     * advanced by the scatter to its end, which is row r + 1's start. */
+    for (int64_t i = 0; i < m; i++) start[rows[i] + 2]++;
+    for (int64_t r = 0; r < num_rows; r++) start[r + 2] += start[r + 1];
+    for (int64_t i = 0; i < m; i++) {
+        int64_t at = start[rows[i] + 1]++;
+        col[at] = (uint32_t)cols[i];
+        if (w) w[at] = weight_at(weights, w_f64, i);
+    }
+    int64_t most = 0;
+    for (int64_t r = 0; r < num_rows; r++)
+        if (start[r + 1] - start[r] > most) most = start[r + 1] - start[r];
+    uint64_t *keys = malloc((size_t)(most > 0 ? most : 1) * sizeof(uint64_t));
+    if (!keys) {
+        free(start); free(col); free(w);
+        return GS_NO_MEMORY;
+    }
+    int64_t k = 0;
+    indptr[0] = 0;
+    for (int64_t r = 0; r < num_rows; r++) {
+        int64_t lo = start[r], n = start[r + 1] - lo;
+        for (int64_t e = 0; e < n; e++)
+            keys[e] = w ? ((uint64_t)col[lo + e] << 32) | (uint64_t)e : (uint64_t)col[lo + e];
+        sort_keys(keys, n);
+        int shift = w ? 32 : 0;
+        for (int64_t e = 0; e < n;) {
+            uint32_t c = (uint32_t)(keys[e] >> shift);
+            double sum = 0.0;
+            for (; e < n && (uint32_t)(keys[e] >> shift) == c; e++)
+                sum += w ? w[lo + (int64_t)(keys[e] & 0xffffffffu)] : 1.0;
+            indices[k] = (int32_t)c;
+            if (out_f64) ((double *)data)[k] = sum;
+            else ((float *)data)[k] = (float)sum;
+            k++;
+        }
+        indptr[r + 1] = (int32_t)k;
+    }
+    free(start); free(col); free(w); free(keys);
+    return k;
+}
