@@ -686,10 +686,10 @@ class Trainer:
         state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         values = None
         if self.use_embeddings and self.rank == 0:
+            # Without an encoder, on the CPU, reps are those values (`read_values`), which
+            # nothing writes to: the snapshot keeps them rather than a second copy.
             reused = self.model.encoder is None and reps.device.type == "cpu"
-            # contiguous: reps is a view of the [N, 2, d] table read (values and state)
-            values = reps.contiguous() if reused else torch.from_numpy(
-                np.ascontiguousarray(self.table.read_all()[:, 0]))
+            values = reps if reused else torch.from_numpy(self.table.read_values())
         return {"model": state, "embeddings": values}
 
     def restore(self, snapshot: dict[str, Any] | None, *, best_epoch: int, last_epoch: int) -> None:
@@ -743,7 +743,7 @@ class Trainer:
         if self.model.encoder is not None and self.args.eval_encoder == "exact":
             return self._exact_representations().to(self.device)  # never the whole input at once
         if self.use_embeddings:
-            x = torch.from_numpy(self.table.read_all()[:, 0])
+            x = torch.from_numpy(self.table.read_values())  # not the [N, 2, d] table with its state
         else:
             x = torch.from_numpy(decode(self.store.features[...], self.store.manifest.feature_dtype))  # bfloat16: its bits
         if self.model.encoder is None:

@@ -223,3 +223,13 @@ def test_damage_and_misuse_are_reported(store):
 def test_no_embeddings_table_is_a_clear_error(copy):
     with pytest.raises(StoreError, match="no embeddings/params"):
         EmbeddingTable.open(graphstore.open(copy))
+
+
+def test_read_values_is_the_value_half_of_every_row(store):
+    table = EmbeddingTable.open(store)
+    rows = table.read_all()
+    values = table.read_values()
+    assert values.shape == (rows.shape[0], DIM) and values.flags.c_contiguous
+    np.testing.assert_array_equal(values, rows[:, 0])
+    # A fresh table's state is zero and its values are not: the halves are not confused.
+    assert np.abs(values).sum() > 0 and not np.array_equal(values, rows[:, 1])
