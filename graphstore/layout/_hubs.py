@@ -274,7 +274,17 @@ def _sort_segments(scratch: dict[str, np.ndarray], offsets: np.ndarray, is_hub: 
         if hi - lo < 2:
             continue
         src, dst = scratch["src"][lo:hi], scratch["dst"][lo:hi]
-        order = np.lexsort((src, dst, is_hub[dst]))
+        if is_hub.shape[0] <= 1 << 31:
+            # One int64 key, (hub bit, dst, src) in 1 + 31 + 31 bits: one stable sort (a
+            # merge of the segment's runs, which arrive sorted by bucket) instead of
+            # lexsort's three; equal keys (relations of one pair) keep their order as before.
+            key = is_hub[dst].astype(np.int64) << 62
+            key |= dst.astype(np.int64) << 31
+            key |= src.astype(np.int64)
+            order = np.argsort(key, kind="stable")
+            del key
+        else:
+            order = np.lexsort((src, dst, is_hub[dst]))
         for n in names:
             scratch[n][lo:hi] = scratch[n][lo:hi][order]
 

@@ -96,6 +96,8 @@ def test_the_hub_group_holds_each_hub_edge_once_by_segment(stores, fraction):
             assert (is_hub[s] ^ is_hub[d]).all() and (other // store.partition_size == g).all()
         else:
             assert (is_hub[s] & is_hub[d]).all()
+        # Ordered by (the destination is a hub, destination, source): already sorted so.
+        np.testing.assert_array_equal(np.lexsort((s, d, is_hub[d])), np.arange(s.size))
         got += list(zip(s.tolist(), d.tolist(), r.tolist()))
     assert sorted(got) == sorted(zip(src[touch].tolist(), dst[touch].tolist(), rel[touch].tolist()))
     np.testing.assert_array_equal(store.array("hubs/features")[...], store.features[...][hubs.ids])
