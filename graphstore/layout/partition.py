@@ -1709,9 +1709,10 @@ def _stream(
     sums, a block's CSR, the input level's entries) runs in C without the GIL
     (`graphstore.layout._native.partition`; numpy and scipy where the library is not
     built, with the same result) and is split over up to `_STREAM_MAX_THREADS` threads
-    (`_Workers`), which changes nothing in the result either. The result is deterministic for a seed and a memory budget (the
-    budget sets the blocks, hence the groups) and does not depend on ``chunk_edges`` (it
-    only sizes the reads of step 1) or on the threads.
+    (`_Workers`), which changes nothing in the result either. The result is
+    deterministic for a seed and a memory budget (the budget sets the blocks, hence the
+    groups) and does not depend on ``chunk_edges`` (it only sizes the reads of step 1)
+    or on the threads.
     """
     began = time.perf_counter()
     num_nodes = edges.num_nodes
