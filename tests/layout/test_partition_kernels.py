@@ -9,6 +9,8 @@ partitionings.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import scipy.sparse
@@ -16,6 +18,12 @@ import scipy.sparse
 from graphstore.layout import partition as part_mod
 from graphstore.layout._native import partition as kernels
 from tests.layout.test_partition_stream import community_graph, stage
+
+# As the DENSE kernel's tests: without a C compiler the package installs without the
+# library (setup.py's optional extension) and the partitioner runs its numpy path; under
+# CI, which builds with a compiler, a missing library is a broken build and fails below.
+pytestmark = pytest.mark.skipif(kernels.library() is None and not os.environ.get("CI"),
+                                reason=f"partitioner kernels not built: {kernels.load_error()}")
 
 
 def test_the_library_is_built_here():
