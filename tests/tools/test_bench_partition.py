@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from graphstore.layout._native import partition as compiled
 from tools import bench_partition
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +57,8 @@ def test_ratios_are_against_metis_in_the_same_run(result):
     # The compiled kernels beside the numpy path: the same labels, a measured ratio.
     kernels = summary["stream_kernels"]
     assert kernels["same_labels"] and kernels["speedup"] > 0
-    assert by["stream"]["info"]["kernels"] == "c"
+    # "c" wherever the library was built (setup.py's optional extension: not without a compiler).
+    assert by["stream"]["info"]["kernels"] == ("c" if compiled.library() is not None else "numpy")
     assert by["stream-numpy"]["info"]["kernels"] == "numpy"
     assert result["goals"]["checked"] and result["goals"]["within_memory_cap"] is None
 
