@@ -38,7 +38,10 @@ feature_bytes]`` (when the runs separate edges from feature bytes: a structure-h
 else on ``[1, stored_edges]``) and of peak RSS on ``[1, num_nodes]``, and the projection
 (`project`) of every stage to ogbn-papers100M (111M nodes, 1.6B edges, 128-d) and MAG240M's
 paper graph (122M nodes, 1.3B edges, 768-d), both float16 and stored symmetrised (twice the
-edges).
+edges). A run named in ``--timings-contended`` (its stages shared the machine with other
+work, e.g. a long run at ``nice 19`` beside a session's own jobs) keeps its memory, its
+counts and its checks in every fit and table, but not its seconds: they time the scheduler
+as much as graphstore. ``projection_including_contended`` is the projection with them.
 
 Usage::
 
@@ -133,21 +136,25 @@ def _features(run: dict, names: tuple[str, ...]) -> list[float]:
     return [1.0 if name == "intercept" else float(run[name]) for name in names]
 
 
-def fit_stage(runs: list[dict], stage: str) -> dict | None:
+def fit_stage(runs: list[dict], stage: str, *, include_contended: bool = False) -> dict | None:
     """Least squares of ``stage``'s seconds on ``[1, stored_edges, feature_bytes]`` (on
     ``[1, stored_edges]`` when the runs do not separate the two, every run's features being
     the same bytes per edge; on ``[stored_edges]`` when a fit's rate would be negative) and of
     its peak RSS on ``[1, num_nodes]``; None with fewer than
-    two runs that finished the stage."""
+    two runs that finished the stage. Runs marked ``timings_contended`` count for memory
+    only, unless ``include_contended``."""
     done = [r for r in runs if r["stages"].get(stage, {}).get("s") is not None]
     if len({r["num_nodes"] for r in done}) < 2:
         return None
-    seconds = [r["stages"][stage]["s"] for r in done]
+    timed = [r for r in done if include_contended or not r.get("timings_contended")]
+    seconds = [r["stages"][stage]["s"] for r in timed]
     time_fit = None
     # The last model, a rate through the origin, is always positive: tiny runs dominated by
     # start-up can fall with size.
     for names in (("intercept", "stored_edges", "feature_bytes"), ("intercept", "stored_edges"), ("stored_edges",)):
-        coef = least_squares([_features(r, names) for r in done], seconds)
+        if len({r["num_nodes"] for r in timed}) < 2:
+            break
+        coef = least_squares([_features(r, names) for r in timed], seconds)
         # A negative rate extrapolates to negative seconds: drop to the simpler model.
         if coef is not None and all(c >= 0 for c in coef[1:]):
             time_fit = dict(zip(names, coef))
@@ -155,7 +162,7 @@ def fit_stage(runs: list[dict], stage: str) -> dict | None:
     mem = [(r["num_nodes"], r["stages"][stage]["peak_rss_bytes"]) for r in done
            if r["stages"][stage].get("peak_rss_bytes") is not None]
     mem_coef = least_squares([[1.0, float(n)] for n, _ in mem], [float(v) for _, v in mem]) if len(mem) >= 2 else None
-    return {"runs": len(done), "seconds": time_fit,
+    return {"runs": len(done), "timed_runs": len(timed), "seconds": time_fit,
             "peak_rss_bytes": None if mem_coef is None else dict(zip(("intercept", "num_nodes"), mem_coef)),
             "max_peak_rss_bytes": max((v for _, v in mem), default=None)}
 
@@ -207,27 +214,29 @@ def _large_graph_runs(runs: list[dict]) -> list[dict]:
     return stream if len({r["num_nodes"] for r in stream}) >= 2 else runs
 
 
-def fit_runs(runs: list[dict]) -> dict:
+def fit_runs(runs: list[dict], *, include_contended: bool = False) -> dict:
     """`fit_stage` of every stage (the structure-heavy run's ``verify`` is not fitted); the
     conversion's over `_large_graph_runs` (METIS, the default below 50M staged edges, costs
     five times as much per edge and never runs on the projected graphs)."""
-    fits = {stage: fit_stage(runs, stage) for stage in STAGES}
+    fits = {stage: fit_stage(runs, stage, include_contended=include_contended) for stage in STAGES}
     large = _large_graph_runs(runs)
     if large is not runs:
-        fits["convert"] = fit_stage(large, "convert")
+        fits["convert"] = fit_stage(large, "convert", include_contended=include_contended)
         if fits["convert"] is not None:
             fits["convert"]["partitioner"] = "stream"
     return fits
 
 
-def fit_phases(runs: list[dict]) -> dict | None:
+def fit_phases(runs: list[dict], *, include_contended: bool = False) -> dict | None:
     """Per conversion phase (as ``graphstore info`` times them), least squares of its seconds
     on ``[1, feature_bytes]`` for ``write features`` and ``[1, stored_edges]`` for the rest
     (a rate through the origin where the slope would be negative), over `_large_graph_runs`:
     a projection that scales the features by their own bytes, which one fit over runs of one
-    width cannot (MAG240M's rows are 6x papers100M's)."""
+    width cannot (MAG240M's rows are 6x papers100M's). Runs marked ``timings_contended`` are
+    left out unless ``include_contended``."""
     done = [r for r in _large_graph_runs(runs)
-            if (r["stages"].get("convert", {}).get("detail") or {}).get("phases_s")]
+            if (r["stages"].get("convert", {}).get("detail") or {}).get("phases_s")
+            and (include_contended or not r.get("timings_contended"))]
     if len({r["num_nodes"] for r in done}) < 2:
         return None
     phases = {p for r in done for p in r["stages"]["convert"]["detail"]["phases_s"]}
@@ -279,20 +288,23 @@ def disk_estimate_bytes(num_nodes: int, avg_degree: float, feature_dim: int, fea
     """Bytes a run needs on disk: the source (``edge_index`` of ``d = N deg / 2`` edges at
     ``edge_bytes`` an endpoint, features, float64 labels), the store (23 bytes a source edge:
     each edge twice as int32 pairs, the hub group, id maps, degrees; and the features) and the
-    conversion's staging: int32 staged endpoints of both directions (16 bytes a source edge)
-    and their 8-byte grouping keys (16). The store's features are written before its edges,
-    and the conversion drops the staged endpoints once grouped (``staged_removed``), so the
-    peak is the source, the features and 32 bytes a source edge (staged + grouped while
-    grouping, grouped + stored edges while sorting), plus a twentieth; 48 with the staged
-    endpoints kept (the conversion before they were dropped). Measured over the 64-d float16
-    runs of 2M to 50M nodes, staged endpoints kept (`docs/benchmarks/scale.json`): the store
-    22.9-23.7 bytes a source edge besides its features, the run folder's peak 60.6 GB at 50M
-    nodes (this estimate with ``staged_removed=False``: 61.3 GB)."""
+    conversion's scratch at its largest, a number of bytes a source edge: while partitioning,
+    the int32 staged endpoints of both directions (16) and the stream partitioner's input
+    level in row blocks (its raw pairs becoming CSR files: about 30), 46 in all; in the edge
+    phase the staged endpoints and their 8-byte grouping keys (32), 48 with the staged
+    endpoints kept to the end (``staged_removed=False``: the conversion before they were
+    dropped once grouped). The store's features are written before its edges, so the peak is
+    the source, the features and the larger scratch, plus a twentieth. Measured
+    (`docs/benchmarks/scale.json`): the 64-d float16 runs of 2M to 50M nodes (staged
+    endpoints kept) stored 22.9-23.7 bytes a source edge besides their features and peaked at
+    60.6 GB at 50M nodes (this estimate with ``staged_removed=False``: 61.3 GB); the 4-d run of
+    36M nodes, 1.19B int32 source edges, peaked at 67.9 GB while partitioning (this estimate:
+    68.6 GB; 51.1 GB before the partitioner's scratch was counted)."""
     directed = num_nodes * avg_degree / 2
     feats = num_nodes * feature_dim * FEATURE_BYTES[feature_dtype]
     source = 2 * edge_bytes * directed + feats + 16 * num_nodes
     store = 23 * directed + feats
-    staging = (32 if staged_removed else 48) * directed
+    staging = max(46, 32 if staged_removed else 48) * directed
     return {"source": int(source), "store": int(store), "peak": int(1.05 * (source + feats + staging))}
 
 
@@ -767,8 +779,12 @@ def parse_args(argv: list[str] | None):
                     help="stages to run (generate and convert always run when the store is missing)")
     ap.add_argument("--no-drop-caches", action="store_true",
                     help="leave the page cache (reads are then not cold; for tests)")
+    ap.add_argument("--timings-contended", default="", metavar="RUN[,RUN]",
+                    help="runs (by name, e.g. n36000000_d4_deg66) whose stages shared the machine: their "
+                         "seconds stay out of the time fits and the projection (memory and checks stay in)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.contended = {x for x in args.timings_contended.split(",") if x}
     if args.quick:
         args.sizes = args.sizes or ",".join(map(str, QUICK_SIZES))
         args.heavy_nodes = args.heavy_nodes or QUICK_SIZES[0]
@@ -792,7 +808,14 @@ def parse_args(argv: list[str] | None):
 
 
 def document(args, runs: list[dict], argv, started: float, errors: list[str]) -> dict:
+    for r in runs:
+        r["timings_contended"] = r["name"] in args.contended
     fits, phases = fit_runs(runs), fit_phases(runs)
+    contended = [r["name"] for r in runs if r["timings_contended"]]
+    with_contended = None
+    if contended:
+        with_contended = {"runs": contended, **project(fit_runs(runs, include_contended=True),
+                                                        phases=fit_phases(runs, include_contended=True))}
     return {"command": benchkit.command_line("tools/bench_scale.py", argv), "quick": args.quick,
             "settings": {"avg_degree": args.avg_degree, "feature_dim": args.feature_dim,
                          "feature_dtype": args.feature_dtype, "targets": args.targets, "fanouts": args.fanouts,
@@ -806,6 +829,7 @@ def document(args, runs: list[dict], argv, started: float, errors: list[str]) ->
             "convert_per_edge_stream": per_edge(_large_graph_runs(runs)),
             "projection": project(fits, phases=phases), "projection_assumes": "edges stored both ways (2x the source's), float16 "
                                                               "features, the fit's model extrapolated",
+            "projection_including_contended": with_contended,
             "seconds": time.perf_counter() - started}
 
 

@@ -507,7 +507,8 @@ def plot_scale(b: Bench):
                     ax_time.plot([r["stored_edges"]], [rec["s"]], "o", mfc="none", color=f"C{i}")
                     ax_rss.plot([r["num_nodes"]], [rec["peak_rss_bytes"] / MIB], "o", mfc="none", color=f"C{i}")
     targets = b.get("settings", "targets")
-    ax_time.set(xscale="log", yscale="log", xlabel="stored edges (open: narrow-feature runs)",
+    ax_time.set(xscale="log", yscale="log", xlabel="stored edges (open: narrow-feature runs; their seconds\n"
+                "are left out of the fit where the JSON marks them timings_contended)",
                 ylabel=f"seconds (epochs: {targets:,} targets; infer: one layer)")
     ax_time.legend(fontsize="small")
     ax_time.grid(True, which="both", alpha=0.3)

@@ -55,6 +55,24 @@ def test_fit_separates_edges_from_features_with_a_narrow_run_and_projects_the_ta
     assert proj["mag240m_papers"]["convert_s"] > proj["papers100m"]["convert_s"]
 
 
+def test_contended_timings_stay_out_of_the_time_fit_but_not_the_memory_fit():
+    runs = [_run(n, 28 * n, 256 * n, _cost(28 * n, 256 * n), 1_000_000_000 + 10 * n)
+            for n in (1 << 20, 2 << 20, 4 << 20)]
+    # A run timed beside other work: three times as slow, its memory as the others'.
+    slow = _run(8 << 20, 28 * (8 << 20), 256 * (8 << 20), 3 * _cost(28 * (8 << 20), 256 * (8 << 20)),
+                1_000_000_000 + 10 * (8 << 20))
+    slow["timings_contended"] = True
+    fit = bs.fit_stage([*runs, slow], "convert")
+    assert fit["runs"] == 4 and fit["timed_runs"] == 3
+    assert bs.predict(fit["seconds"], {"stored_edges": 28 << 24, "feature_bytes": 256 << 24}) == pytest.approx(
+        _cost(28 << 24, 256 << 24), rel=1e-6)
+    assert fit["max_peak_rss_bytes"] == 1_000_000_000 + 10 * (8 << 20)
+    with_it = bs.fit_stage([*runs, slow], "convert", include_contended=True)
+    assert with_it["timed_runs"] == 4
+    assert bs.predict(with_it["seconds"], {"stored_edges": 28 << 24, "feature_bytes": 256 << 24}) > 1.5 * _cost(
+        28 << 24, 256 << 24)
+
+
 def test_a_falling_fit_becomes_a_rate_through_the_origin():
     runs = [_run(1000, 10_000, 0, 4.7, 1), _run(2000, 20_000, 0, 4.3, 1)]
     fit = bs.fit_stage(runs, "convert")
@@ -119,6 +137,9 @@ def test_sizes_communities_and_disk_estimate():
     # nodes, 64-d) and 60.6 GB (50M, 64-d): the estimate is on the safe side, by at most a quarter.
     for nodes, peak in ((2_097_152, 2.27e9), (50_000_000, 60.63e9)):
         assert peak < bs.disk_estimate_bytes(nodes, 28, 64, "float16", staged_removed=False)["peak"] < 1.25 * peak
+    # The 4-d run past 2**31 stored edges (int32 source endpoints, staged ones dropped once
+    # grouped) peaked at 67.9 GB while partitioning.
+    assert 67.9e9 < bs.disk_estimate_bytes(36_000_000, 66, 4, "float16", edge_bytes=4)["peak"] < 1.25 * 67.9e9
     # int32 source endpoints halve the source's edge bytes
     narrow = bs.disk_estimate_bytes(50_000_000, 28, 128, "float16", edge_bytes=4)
     assert est["source"] - narrow["source"] == 8 * 700_000_000
