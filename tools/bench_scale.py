@@ -295,11 +295,13 @@ def disk_estimate_bytes(num_nodes: int, avg_degree: float, feature_dim: int, fea
     endpoints kept to the end (``staged_removed=False``: the conversion before they were
     dropped once grouped). The store's features are written before its edges, so the peak is
     the source, the features and the larger scratch, plus a twentieth. Measured
-    (`docs/benchmarks/scale.json`): the 64-d float16 runs of 2M to 50M nodes (staged
-    endpoints kept) stored 22.9-23.7 bytes a source edge besides their features and peaked at
-    60.6 GB at 50M nodes (this estimate with ``staged_removed=False``: 61.3 GB); the 4-d run of
-    36M nodes, 1.19B int32 source edges, peaked at 67.9 GB while partitioning (this estimate:
-    68.6 GB; 51.1 GB before the partitioner's scratch was counted)."""
+    (`docs/benchmarks/scale.json`): the 64-d float16 runs of 2M to 50M nodes stored 22.9-23.7
+    bytes a source edge besides their features; with the staged endpoints kept (d2fb991, in
+    the file's history) they peaked at 60.6 GB at 50M nodes (this estimate with
+    ``staged_removed=False``: 61.3 GB), dropped once grouped (746540e) at 2.1-52.5 GB,
+    0.84-0.88x this estimate; the 4-d run of 36M nodes, 1.19B int32 source edges, peaked at
+    67.9 GB while partitioning (this estimate: 68.6 GB; 51.1 GB before the partitioner's
+    scratch was counted)."""
     directed = num_nodes * avg_degree / 2
     feats = num_nodes * feature_dim * FEATURE_BYTES[feature_dtype]
     source = 2 * edge_bytes * directed + feats + 16 * num_nodes
