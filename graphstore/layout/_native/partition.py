@@ -4,9 +4,9 @@ Built by ``setup.py`` as ``graphstore.layout._native._partition``, a plain C lib
 with ctypes like the package's other kernels (`graphstore._native_lib`). Label
 propagation's per-row choice (`choose`), contraction's per-row sums (`contract`), the
 input level's entries by row block (`level_zero`) and a block's CSR (`csr`), each without
-the GIL, so `graphstore.layout.partition`'s worker threads
-run them side by side. When it is missing, `library` returns None, `load_error` says why,
-and the partitioner computes the same results with numpy and scipy.
+the GIL, so `graphstore.layout.partition`'s worker threads run them side by side. When it
+is missing, `library` returns None, `load_error` says why, and the partitioner computes the
+same results with numpy and scipy.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def contract(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, cluster:
     rows = indptr.shape[0] - 1
     indptr, indices = _c(indptr, np.int32), _c(indices, np.int32)
     data, cluster = np.ascontiguousarray(data), _c(cluster, np.int32)
-    bound = int(indptr[-1]) if rows >= 0 else 0
+    bound = int(indptr[-1])  # at most one entry per input entry
     out_rows = np.empty(bound, dtype=np.int32)
     out_targets = np.empty(bound, dtype=np.int32)
     out_weights = np.empty(bound, dtype=np.float64)
