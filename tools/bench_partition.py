@@ -155,8 +155,8 @@ def stage_stored_edges(dataset: Path, directory: Path) -> dict:
         for start in range(0, merged.shape[0], STAGE_CHUNK):
             src, dst = np.divmod(merged[start : start + STAGE_CHUNK], n)
             stager.append(src, dst, None)
-            if not graph.directed:
-                stager.append(dst, src, None)
+            if not graph.directed:  # marked as the converter marks the reverses it adds
+                stager.append(dst, src, None, added_reverse=True)
         staged = stager.finish()
     return {"src_path": staged.src_path, "dst_path": staged.dst_path, "num_edges": staged.num_edges,
             "num_nodes": staged.num_nodes, "directed": bool(graph.directed)}
@@ -166,7 +166,23 @@ def staged_edges(description: dict):
     from graphstore.layout._staging import StagedEdges
 
     return StagedEdges(src_path=description["src_path"], dst_path=description["dst_path"], rel_path=None,
-                       num_edges=description["num_edges"], num_nodes=description["num_nodes"])
+                       num_edges=description["num_edges"], num_nodes=description["num_nodes"],
+                       reverse_runs=reverse_runs(description["num_edges"], description["directed"]))
+
+
+def reverse_runs(num_edges: int, directed: bool):
+    """The rows `stage_stored_edges` added as reverses (each chunk's second half), as the
+    converter records them; None for a directed graph."""
+    import numpy as np
+
+    if directed:
+        return None
+    half, runs, at = num_edges // 2, [], 0
+    for start in range(0, half, STAGE_CHUNK):
+        count = min(STAGE_CHUNK, half - start)
+        runs.append((at + count, at + 2 * count))
+        at += 2 * count
+    return np.array(runs, dtype=np.int64).reshape(-1, 2)
 
 
 def edge_cut(description: dict, labels) -> float:

@@ -959,10 +959,13 @@ class _Level:
     """[B + 1] int64: block ``b`` holds the rows ``[bounds[b], bounds[b + 1])``."""
     blocks: list[Any]
     """Per block, ``(indptr, indices, data)`` in memory or the path prefix of its files:
-    indptr [rows + 1] int32, indices [nnz] int32 (sorted and distinct within a row),
-    data [nnz] float32 (level 0: multiplicities) or float64 (summed weights)."""
-    data_dtype: np.dtype
-    """Dtype of the blocks' ``data``."""
+    indptr [rows + 1] int32, indices [nnz] int32, data [nnz] float64 (summed weights;
+    columns distinct within a row, in no particular order). Level 0 has no data: each entry
+    weighs 1 and a duplicate edge is its entries repeated (``data`` None), which every pass
+    sums per label as it would a merged entry's multiplicity; its rows are grouped, not
+    sorted or merged, which saved a sort of every row of the input."""
+    data_dtype: np.dtype | None
+    """Dtype of the blocks' ``data``; None at level 0 (no data)."""
     num_entries: int
     """Stored entries (each undirected edge twice)."""
 
@@ -983,14 +986,14 @@ class _Level:
             return np.ones(self.num_nodes, dtype=np.int64)
         return self.node_weight
 
-    def block(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def block(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Block ``b``'s ``(indptr, indices, data)``, read from disk if it lives there."""
         stored = self.blocks[b]
         if not isinstance(stored, str):
             return stored
         return (np.fromfile(stored + ".indptr", dtype=np.int32),
                 np.fromfile(stored + ".indices", dtype=np.int32),
-                np.fromfile(stored + ".data", dtype=self.data_dtype))
+                None if self.data_dtype is None else np.fromfile(stored + ".data", dtype=self.data_dtype))
 
     def count_isolated(self) -> int:
         """Nodes without a neighbour (reads only the blocks' ``indptr``)."""
@@ -1006,7 +1009,7 @@ class _Level:
         """Row groups per pass (see `groups`)."""
         return len(self.blocks) * -(-_STREAM_GROUPS // max(len(self.blocks), 1))
 
-    def groups(self) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    def groups(self) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray | None]]:
         """Yield ``(first_row, indptr, indices, data)`` per row group, in row order.
 
         At least `_STREAM_GROUPS` groups; blocks are sliced, not copied (``indptr``
@@ -1022,7 +1025,7 @@ class _Level:
                     continue
                 first, last = int(indptr[start]), int(indptr[stop])
                 yield (lo + start, indptr[start : stop + 1] - first,
-                       indices[first:last], data[first:last])
+                       indices[first:last], None if data is None else data[first:last])
             del indptr, indices, data
 
     def drop(self) -> None:
@@ -1049,9 +1052,9 @@ class _LevelBuilder:
     def __init__(self, num_nodes: int, max_entries: int, block_bytes: int, directory: str,
                  name: str, *, weighted: bool) -> None:
         self.num_nodes = num_nodes
-        # Unit weights are counted exactly in float32 (multiplicities); the summed
-        # weights of coarse levels can pass 2**24.
-        self.data_dtype = np.dtype(np.float64 if weighted else np.float32)
+        # Level 0 keeps no weights (see `_Level.blocks`); the summed weights of coarse
+        # levels can pass 2**24, hence float64.
+        self.data_dtype = np.dtype(np.float64) if weighted else None
         self.weighted = weighted
         self.directory = directory
         self.name = name
@@ -1137,14 +1140,22 @@ class _LevelBuilder:
         self.write(self.prepare(rows, cols, weights))
 
     def _csr(self, rows: np.ndarray, cols: np.ndarray, weights: np.ndarray | None,
-             num_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             num_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Unweighted (level 0): the entries grouped by row, as they come; weighted: merged."""
         import scipy.sparse
 
         kernels = _kernels()
         if kernels is not None:
-            built = kernels.csr(rows, cols, weights, num_rows, self.data_dtype)
+            built = kernels.csr(rows, cols, weights if self.weighted else None, num_rows,
+                                self.data_dtype or np.float64)
             if built is not None:  # None past 2**31 entries
                 return built
+        if not self.weighted:
+            # A stable sort by row keeps each row's entries in arrival order, as the kernel does.
+            order = np.argsort(rows, kind="stable")
+            indptr = np.zeros(num_rows + 1, dtype=np.int64)
+            np.cumsum(np.bincount(rows, minlength=num_rows), out=indptr[1:])
+            return indptr.astype(np.int32), cols[order].astype(np.int32, copy=False), None
         if weights is None:
             weights = np.ones(rows.shape[0], dtype=self.data_dtype)
         matrix = scipy.sparse.coo_matrix(
@@ -1172,7 +1183,8 @@ class _LevelBuilder:
         prefix = os.path.join(self.directory, f"{self.name}_block{b}")
         _write_flat(prefix + ".indptr", indptr)
         _write_flat(prefix + ".indices", indices)
-        _write_flat(prefix + ".data", data)
+        if data is not None:
+            _write_flat(prefix + ".data", data)
         return prefix, indices.shape[0]
 
     def finish(self, node_weight: np.ndarray | None, workers: _Workers) -> _Level:
@@ -1198,9 +1210,10 @@ class _LevelBuilder:
 
 
 def _aggregate(
-    indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, assign: np.ndarray, width: int
+    indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | None, assign: np.ndarray, width: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per row of a group, the summed edge weight toward each ``assign`` of its neighbours.
+    """Per row of a group, the summed edge weight toward each ``assign`` of its neighbours
+    (``data`` None: 1 an entry, as float32).
 
     A CSR whose column is ``assign[column]``, duplicates summed: scipy's per-row sort and
     merge, no global sort and no [rows, width] table.
@@ -1217,7 +1230,8 @@ def _aggregate(
     import scipy.sparse
 
     num_rows = indptr.shape[0] - 1
-    matrix = scipy.sparse.csr_matrix((data.copy(), assign[indices], indptr), shape=(num_rows, width))
+    data = np.ones(indices.shape[0], dtype=np.float32) if data is None else data.copy()
+    matrix = scipy.sparse.csr_matrix((data, assign[indices], indptr), shape=(num_rows, width))
     matrix.sum_duplicates()
     rows = np.repeat(np.arange(num_rows, dtype=np.int32), np.diff(matrix.indptr))
     return matrix.indptr, rows, matrix.indices, matrix.data
@@ -1327,7 +1341,8 @@ def _in_pieces(
 
     def run(lo: int, hi: int) -> Any:
         first, last = int(indptr[lo]), int(indptr[hi])
-        return work(lo, indptr[lo : hi + 1] - first, indices[first:last], data[first:last])
+        return work(lo, indptr[lo : hi + 1] - first, indices[first:last],
+                    None if data is None else data[first:last])
 
     return workers.map(run, bounds[:-1], bounds[1:])
 
@@ -1432,14 +1447,18 @@ def _contract(level: _Level, cluster: np.ndarray, num_clusters: int, block_bytes
         def emit(lo, indptr, indices, data, first=first):
             kernels = _kernels()
             if kernels is not None:
-                return kernels.contract(indptr, indices, data, cluster, first + lo)
-            _ptr, rows, targets, weights = _aggregate(indptr, indices, data, cluster, num_clusters)
-            rows = cluster[first + lo + rows]
-            keep = rows != targets
-            return rows[keep], targets[keep], weights[keep].astype(np.float64)
+                entries = kernels.contract(indptr, indices, data, cluster, first + lo)
+            else:
+                _ptr, rows, targets, weights = _aggregate(indptr, indices, data, cluster, num_clusters)
+                rows = cluster[first + lo + rows]
+                keep = rows != targets
+                entries = rows[keep], targets[keep], weights[keep].astype(np.float64)
+            # Sorted into the builder's blocks here, on the worker (`prepare` is pure):
+            # on the main thread it was a sixth of the partitioner's serial time.
+            return builder.prepare(*entries)
 
-        for rows, targets, weights in _in_pieces(workers, indptr, indices, data, emit):
-            builder.add(rows, targets, weights)
+        for prepared in _in_pieces(workers, indptr, indices, data, emit):
+            builder.write(prepared)
     node_weight = np.bincount(cluster, weights=None if level.unit else level.node_weight,
                               minlength=num_clusters)
     return builder.finish(node_weight.astype(np.int64), workers)
@@ -1627,10 +1646,11 @@ def _initial_partition(level: _Level, num_partitions: int, seed: int, *,
 
 
 def _whole(level: _Level) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The whole level as one CSR (int64 indptr), for METIS."""
-    if len(level.blocks) == 1:
-        indptr, indices, data = level.block(0)
-        return indptr.astype(np.int64), indices, data
+    """The whole level as one CSR (int64 indptr), for METIS: duplicates merged into weights
+    and each row's columns ascending (the blocks keep neither; METIS's matching visits a
+    row's neighbours in order, so this keeps its input what it was when they did)."""
+    import scipy.sparse
+
     indptrs, indices, data = [], [], []
     offset = 0
     for b in range(len(level.blocks)):
@@ -1638,14 +1658,18 @@ def _whole(level: _Level) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         indptrs.append(ptr[:-1].astype(np.int64) + offset)
         offset += idx.shape[0]
         indices.append(idx)
-        data.append(dat)
+        data.append(np.ones(idx.shape[0], dtype=np.float32) if dat is None else dat)
     indptrs.append(np.array([offset], dtype=np.int64))
-    return np.concatenate(indptrs), np.concatenate(indices), np.concatenate(data)
+    matrix = scipy.sparse.csr_matrix((np.concatenate(data), np.concatenate(indices), np.concatenate(indptrs)),
+                                     shape=(level.num_nodes, level.num_nodes))
+    matrix.sum_duplicates()  # sorts each row's columns, then merges equal ones
+    return matrix.indptr.astype(np.int64), matrix.indices.astype(np.int32), matrix.data
 
 
 def _level_zero(edges: StagedEdges, order: np.ndarray, chunk_edges: int, block_bytes: int,
                 directory: str, workers: _Workers) -> _Level:
-    """The input graph in internal ids, both directions, in row blocks (one edge pass).
+    """The input graph in internal ids, both directions, in row blocks (one edge pass over
+    the staged edges the source listed: the reverses the converter added are skipped).
 
     With several threads, chunks are prepared on the workers while this one reads the
     next chunk and writes the finished ones, in order (so the files do not depend on the
@@ -1666,7 +1690,14 @@ def _level_zero(edges: StagedEdges, order: np.ndarray, chunk_edges: int, block_b
         return builder.prepare(np.concatenate([a, b]), np.concatenate([b, a]), None)
 
     pending: collections.deque = collections.deque()
-    for _, src, dst, _rel in edges.iter_chunks(chunk_edges):
+    for start, src, dst, _rel in edges.iter_chunks(chunk_edges):
+        # An undirected source is staged with the reverse of each edge added; this level
+        # puts every edge in both directions itself, so with the added reverses each entry
+        # would come twice: twice the entries for every pass to read, to the same choices
+        # (every weight doubled).
+        added = edges.added_reverse(start, src.shape[0])
+        if added is not None:
+            src, dst = src[~added], dst[~added]
         if workers.threads == 1:
             builder.write(prepare(src, dst))
             continue

@@ -3,9 +3,13 @@ graph in memory; features, labels and id maps line up."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 import torch
+import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -102,6 +106,32 @@ def test_the_hub_group_holds_each_hub_edge_once_by_segment(stores, fraction):
     assert sorted(got) == sorted(zip(src[touch].tolist(), dst[touch].tolist(), rel[touch].tolist()))
     np.testing.assert_array_equal(store.array("hubs/features")[...], store.features[...][hubs.ids])
     np.testing.assert_array_equal(store.array("hubs/labels")[...], store.labels[...][hubs.ids])
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.3])
+def test_the_hub_group_is_the_same_with_and_without_its_kernel(stores, fraction, tmp_path, monkeypatch):
+    # The edge passes run in C where the library is built (`hub_segments`); the numpy path
+    # must write the same group, byte for byte.
+    from graphstore.layout import _hubs
+    from graphstore.layout._native import edges as kernels
+
+    if kernels.library() is None and not os.environ.get("CI"):
+        pytest.skip(f"edge kernels not built: {kernels.load_error()}")
+    store = stores[fraction]
+    monkeypatch.setattr(_hubs, "_STEP_ROWS", 300)  # several chunks a pass, relations too
+    built = {}
+    for compiled in (True, False):
+        monkeypatch.setattr(_hubs, "_USE_COMPILED", compiled)
+        copy = tmp_path / f"compiled_{compiled}.gs"
+        shutil.copytree(store.path, copy)
+        _hubs.write_hubs(copy, fraction=fraction, num_nodes=store.num_nodes, num_partitions=P,
+                         partition_size=store.partition_size)
+        built[compiled] = {name: zarr.open_array(str(copy / "hubs" / name), mode="r")[...]
+                           for name in ("offsets", "ids", "edges/src", "edges/dst", "edges/rel")}
+    assert store.num_edges > 2 * 300 and built[True]["edges/src"].shape[0] > 0  # several chunks, hub edges
+    for name, want in built[False].items():
+        np.testing.assert_array_equal(built[True][name], want, err_msg=name)
+        assert built[True][name].dtype == want.dtype, name
 
 
 def test_a_store_without_hubs_names_the_command(stores):

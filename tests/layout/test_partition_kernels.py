@@ -108,27 +108,54 @@ def test_contract_gives_the_numpy_entries(f64):
         assert weights.dtype == np.float64 and rows.dtype == targets.dtype == np.int32
 
 
-@pytest.mark.parametrize("weight_dtype", [None, np.float32, np.float64])
+@pytest.mark.parametrize("weight_dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("out_dtype", [np.float32, np.float64])
-def test_csr_equals_scipys(weight_dtype, out_dtype):
+def test_csr_merges_as_scipy_does(weight_dtype, out_dtype):
     rng = np.random.default_rng(3)
     for trial in range(40):
-        num_rows, num_cols = int(rng.integers(1, 200)), int(rng.integers(1, 300))
-        m = int(rng.integers(0, 4000))
-        if trial % 5 == 0:
-            num_cols = 2  # nearly every entry a duplicate
-        rows = rng.integers(0, num_rows, m).astype(np.int32)
-        if trial % 7 == 0:
-            rows[:] = num_rows - 1  # one long row, the rest empty
-        cols = rng.integers(0, num_cols, m).astype(np.int32)
-        weights = None if weight_dtype is None else rng.integers(1, 5, m).astype(weight_dtype)
+        rows, cols, num_rows, num_cols = random_entries(rng, trial)
+        weights = rng.integers(1, 5, rows.shape[0]).astype(weight_dtype)
         indptr, indices, data = kernels.csr(rows, cols, weights, num_rows, np.dtype(out_dtype))
-        ones = np.ones(m, out_dtype) if weights is None else weights.astype(out_dtype)
-        matrix = scipy.sparse.coo_matrix((ones, (rows, cols)), shape=(num_rows, num_cols)).tocsr()
-        np.testing.assert_array_equal(indptr, matrix.indptr)
-        np.testing.assert_array_equal(indices, matrix.indices)
-        np.testing.assert_array_equal(data, matrix.data)
+        want = scipy.sparse.coo_matrix((weights.astype(out_dtype), (rows, cols)), shape=(num_rows, num_cols)).tocsr()
+        np.testing.assert_array_equal(indptr, want.indptr)
+        # Each row's columns are distinct but in first-arrival order: scipy's are ascending.
+        got = scipy.sparse.csr_matrix((data, indices, indptr), shape=(num_rows, num_cols))
+        assert indices.shape == want.indices.shape
+        for r in range(num_rows):
+            row = slice(indptr[r], indptr[r + 1])
+            assert np.unique(indices[row]).shape[0] == indices[row].shape[0], f"row {r} repeats a column"
+            first_seen = cols[rows == r][np.sort(np.unique(cols[rows == r], return_index=True)[1])]
+            np.testing.assert_array_equal(indices[row], first_seen)
+        got.sort_indices()
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.data, want.data)
         assert data.dtype == out_dtype and indptr.dtype == indices.dtype == np.int32
+
+
+def test_csr_without_weights_groups_the_entries_as_they_came():
+    # The input level: rows grouped by a stable counting sort, duplicates kept, no data.
+    rng = np.random.default_rng(4)
+    for trial in range(40):
+        rows, cols, num_rows, _ = random_entries(rng, trial)
+        indptr, indices, data = kernels.csr(rows, cols, None, num_rows, np.dtype(np.float64))
+        assert data is None
+        order = np.argsort(rows, kind="stable")
+        np.testing.assert_array_equal(indices, cols[order])
+        np.testing.assert_array_equal(indptr, np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=num_rows))]))
+        assert indptr.dtype == indices.dtype == np.int32
+
+
+def random_entries(rng, trial):
+    """(rows, cols, num_rows, num_cols) int32 entries with duplicates, empty rows, one long row."""
+    num_rows, num_cols = int(rng.integers(1, 200)), int(rng.integers(1, 300))
+    m = int(rng.integers(0, 4000))
+    if trial % 5 == 0:
+        num_cols = 2  # nearly every entry a duplicate
+    rows = rng.integers(0, num_rows, m).astype(np.int32)
+    if trial % 7 == 0:
+        rows[:] = num_rows - 1  # one long row, the rest empty
+    cols = rng.integers(0, num_cols, m).astype(np.int32)
+    return rows, cols, num_rows, num_cols
 
 
 def test_level_zero_entries_are_the_numpy_builders_per_block(tmp_path):

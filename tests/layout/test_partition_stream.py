@@ -28,8 +28,8 @@ def stage(directory, num_nodes: int, src, dst, *, both_directions: bool = True) 
     stager = EdgeStager(str(directory), num_nodes=num_nodes, with_rel=False)
     src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
     stager.append(src, dst, None)
-    if both_directions:
-        stager.append(dst, src, None)
+    if both_directions:  # as the converter stages an undirected source
+        stager.append(dst, src, None, added_reverse=True)
     return stager.finish()
 
 

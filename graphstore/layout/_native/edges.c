@@ -15,6 +15,8 @@
  *                          and in one pass merges duplicates, counts the merges, decodes the
  *                          keys into the stored columns and counts buckets and degrees.
  *
+ * and, once the edges are in the store, the hub group's pass over them (gs_hub_segments).
+ *
  * The key of an edge (s, d, r) in destination partition d / size, high bits first:
  *
  *     s / size   | d % size | s % size | r        | added
@@ -55,7 +57,8 @@
 
 enum { GS_OK = 0, GS_SHORT = 1, GS_IO_ERROR = 2 };
 
-GS_EXPORT int32_t gs_edges_abi_version(void) { return 2; }
+/* 3: gs_hub_segments. */
+GS_EXPORT int32_t gs_edges_abi_version(void) { return 3; }
 
 /* 1 when gs_edges_sort_group's out-degree increments are atomic, so that several groups
  * may be sorted at once; 0 (a compiler without atomics) means one at a time. */
@@ -279,4 +282,45 @@ GS_EXPORT int gs_edges_sort_group(int32_t fd, int64_t offset, int64_t m, uint64_
     merge[3] = keep_duplicates ? m - given : new_added;
     *stored = out;
     return GS_OK;
+}
+
+/* ------------------------------------------------------------------ the hub group's segments */
+
+static inline int64_t id_at(const void *ids, int32_t bytes, int64_t i) {
+    return bytes == 4 ? (int64_t)((const int32_t *)ids)[i] : ((const int64_t *)ids)[i];
+}
+
+/* The hub group's pass over a chunk of stored edges (`graphstore.layout._hubs`): each edge
+ * with a hub end (is_hub[src] or is_hub[dst]) belongs to the segment of its other end's
+ * partition (id / partition_size), or to segment p when both ends are hubs. With counts
+ * ([p + 1]), each segment's edges are added to it. With cursor ([p + 1]), each such edge's
+ * src, dst and (rel != NULL) rel are written at row cursor[segment]++ of out_src, out_dst,
+ * out_rel, edges in chunk order: the scatter of a stable counting sort by segment, what
+ * numpy's stable argsort then fancy assignment wrote. ids are int32 or int64 (id_bytes),
+ * relations rel_bytes wide. One pass and one is_hub lookup per end, where numpy made a
+ * dozen passes over the chunk. A cursor reaching its segment's end ([p + 1]; the edges
+ * changed since they were counted) stops the pass before writing: returns -1. Else returns
+ * the edges with a hub end. */
+GS_EXPORT int64_t gs_hub_segments(int64_t m, const void *src, const void *dst, int32_t id_bytes,
+                                  const uint8_t *is_hub, int64_t partition_size, int64_t p, int64_t *counts,
+                                  int64_t *cursor, const int64_t *end, void *out_src, void *out_dst,
+                                  const void *rel, void *out_rel, int32_t rel_bytes) {
+    int64_t touched = 0;
+    for (int64_t i = 0; i < m; i++) {
+        int64_t s = id_at(src, id_bytes, i), d = id_at(dst, id_bytes, i);
+        int hs = is_hub[s] != 0, hd = is_hub[d] != 0;
+        if (!hs && !hd) continue;
+        int64_t segment = hs && hd ? p : (hs ? d : s) / partition_size;
+        touched++;
+        if (counts) counts[segment]++;
+        if (cursor) {
+            if (cursor[segment] >= end[segment]) return -1;
+            int64_t at = cursor[segment]++;
+            memcpy((char *)out_src + at * id_bytes, (const char *)src + i * id_bytes, (size_t)id_bytes);
+            memcpy((char *)out_dst + at * id_bytes, (const char *)dst + i * id_bytes, (size_t)id_bytes);
+            if (rel)
+                memcpy((char *)out_rel + at * rel_bytes, (const char *)rel + i * rel_bytes, (size_t)rel_bytes);
+        }
+    }
+    return touched;
 }

@@ -19,12 +19,12 @@ import numpy as np
 
 from graphstore._native_lib import load_library
 
-__all__ = ["ABI_VERSION", "BLOCK", "library", "load_error", "pack_chunk", "sort_group", "threadsafe",
-           "write_groups"]
+__all__ = ["ABI_VERSION", "BLOCK", "hub_segments", "library", "load_error", "pack_chunk", "sort_group",
+           "threadsafe", "write_groups"]
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 """What ``gs_edges_abi_version()`` must return: a stale build is refused."""
 BLOCK = 1 << 16
 """Edges `pack_chunk` reads per request (``BLOCK`` in edges.c): its io scratch is 3 * BLOCK int64."""
@@ -44,6 +44,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
                                         _I32, _P, _P, _P, _P, _P, _P, _P]
     lib.gs_edges_write_groups.restype = ctypes.c_int
     lib.gs_edges_write_groups.argtypes = [_I32, _P, _P, _P, _I64, _P]
+    lib.gs_hub_segments.restype = _I64
+    lib.gs_hub_segments.argtypes = [_I64, _P, _P, _I32, _P, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _I32]
     lib.gs_edges_sort_group.restype = ctypes.c_int
     lib.gs_edges_sort_group.argtypes = [_I32, _I64, _I64, _P, _P, _I32, _I64, _I64, _I32, _I32, _I32, _P, _P, _P,
                                         _I32, _P, _P, _P, _P, _P, _P]
@@ -138,3 +140,47 @@ def sort_group(fd: int, path: str, offset: int, count: int, *, key_bits: int, si
         _raise(code, err.value, path, f"grouped edges {offset}..{offset + count}")
     m = stored.value
     return out_s[:m], out_d[:m], None if out_r is None else out_r[:m], bucket_sizes, merge
+
+
+def hub_segments(src: np.ndarray, dst: np.ndarray, is_hub: np.ndarray, partition_size: int, num_partitions: int,
+                 *, counts: np.ndarray | None = None, cursor: np.ndarray | None = None,
+                 end: np.ndarray | None = None, out: tuple[np.ndarray, ...] | None = None,
+                 rel: np.ndarray | None = None) -> int:
+    """The hub group's pass over a chunk of stored edges (``src``, ``dst`` of one int dtype):
+    with ``counts`` ([p + 1] int64, in place) each segment's edges with a hub end are
+    counted; with ``cursor`` ([p + 1] int64, advanced in place) they are written at their
+    segment's cursor into ``out`` = (src, dst[, rel]) arrays (memory maps allowed), in chunk
+    order, and a cursor reaching its segment's ``end`` ([p + 1]) raises ValueError before
+    writing past it. Returns the chunk's edges with a hub end."""
+    src, dst = np.ascontiguousarray(src), np.ascontiguousarray(dst)
+    if src.dtype != dst.dtype or src.dtype not in (np.int32, np.int64):
+        raise TypeError(f"hub_segments: endpoints must share int32 or int64, not {src.dtype} and {dst.dtype}")
+    is_hub = np.ascontiguousarray(is_hub, dtype=np.bool_)
+    for name, array in (("counts", counts), ("cursor", cursor), ("end", end)):
+        if array is not None and (array.dtype != np.int64 or array.shape != (num_partitions + 1,)
+                                  or not array.flags.c_contiguous):
+            raise TypeError(f"hub_segments: {name} must be a contiguous [p + 1] int64 array")
+    out_src = out_dst = out_rel = None
+    if cursor is not None:
+        if end is None or out is None:
+            raise TypeError("hub_segments: a cursor needs its segments' end and the output arrays")
+        if not all(a.flags.c_contiguous for a in out):
+            raise TypeError("hub_segments: the output arrays must be contiguous")
+        if int(end.max(initial=0)) > min(out[0].shape[0], out[1].shape[0]):
+            raise ValueError("hub_segments: the segments end past the output arrays")
+        out_src, out_dst = out[0], out[1]
+        if rel is not None:
+            rel, out_rel = np.ascontiguousarray(rel), out[2]
+            if out_rel.dtype != rel.dtype:
+                raise TypeError(f"hub_segments: relations {rel.dtype} into {out_rel.dtype}")
+        if out_src.dtype != src.dtype or out_dst.dtype != src.dtype:
+            raise TypeError(f"hub_segments: endpoints {src.dtype} into {out_src.dtype} and {out_dst.dtype}")
+    if rel is not None and out_rel.shape[0] < int(end.max(initial=0)):
+        raise ValueError("hub_segments: the segments end past the relations' output array")
+    touched = int(library().gs_hub_segments(
+        src.shape[0], _ptr(src), _ptr(dst), src.itemsize, _ptr(is_hub), partition_size, num_partitions,
+        _ptr(counts), _ptr(cursor), _ptr(end), _ptr(out_src), _ptr(out_dst), _ptr(rel), _ptr(out_rel),
+        0 if rel is None else rel.itemsize))
+    if touched < 0:
+        raise ValueError("hub_segments: a segment holds more edges than were counted for it")
+    return touched

@@ -23,7 +23,7 @@ __all__ = ["ABI_VERSION", "choose", "contract", "csr", "level_zero", "library", 
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 """What ``gs_part_abi_version()`` must return: a stale build is refused."""
 
 _NO_MEMORY, _TOO_MANY = -1, -2
@@ -71,13 +71,15 @@ def _c(a: np.ndarray | None, dtype) -> np.ndarray | None:
     return None if a is None else np.ascontiguousarray(a, dtype=dtype)
 
 
-def _data_f64(data: np.ndarray) -> int:
+def _data_f64(data: np.ndarray | None) -> int:
+    if data is None:  # the input level: every entry weighs 1
+        return 0
     if data.dtype not in (np.float32, np.float64):
         raise TypeError(f"edge weights must be float32 or float64, not {data.dtype}")
     return int(data.dtype == np.float64)
 
 
-def choose(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, labels: np.ndarray, own: np.ndarray,
+def choose(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | None, labels: np.ndarray, own: np.ndarray,
            salt: int, *, mask: np.ndarray | None = None, mask_want: bool = True,
            load: np.ndarray | None = None, cap: np.ndarray | int | None = None,
            row_weight: np.ndarray | None = None, row_flag: np.ndarray | None = None
@@ -87,14 +89,15 @@ def choose(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, labels: np
 
     A label ``t`` is allowed for row ``r`` when each given test holds: ``mask[t] ==
     mask_want``; ``load[t] + row_weight[r] <= cap`` (``cap`` an int or [labels] int64);
-    ``row_flag[r]``. ``labels`` and ``own`` int16 or int32 (the same), ``load`` int32 or int64.
+    ``row_flag[r]``. ``labels`` and ``own`` int16 or int32 (the same), ``load`` int32 or int64;
+    ``data`` None: every entry weighs 1 (the input level).
     """
     rows = indptr.shape[0] - 1
     if labels.dtype not in (np.int16, np.int32) or own.dtype != labels.dtype:
         raise TypeError(f"labels and own must both be int16 or int32, not {labels.dtype} and {own.dtype}")
     indptr, indices = _c(indptr, np.int32), _c(indices, np.int32)
-    data, own = np.ascontiguousarray(data), np.ascontiguousarray(own)
-    labels = np.ascontiguousarray(labels)
+    data = None if data is None else np.ascontiguousarray(data)
+    own, labels = np.ascontiguousarray(own), np.ascontiguousarray(labels)
     mask = _c(mask, np.bool_)
     if load is not None:
         load = np.ascontiguousarray(load) if load.dtype in (np.int32, np.int64) else load.astype(np.int64)
@@ -115,14 +118,16 @@ def choose(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, labels: np
     return own_weight, best, best_weight
 
 
-def contract(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, cluster: np.ndarray, first: int
+def contract(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | None, cluster: np.ndarray, first: int
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The coarser level's entries of rows ``[first, first + rows)`` of a CSR piece: ``(rows,
     targets, weights)`` as int32, int32, float64: per row, its cluster, each other
-    neighbouring cluster and the summed weight toward it, in no particular order."""
+    neighbouring cluster and the summed weight toward it, in no particular order (``data``
+    None: weights 1)."""
     rows = indptr.shape[0] - 1
     indptr, indices = _c(indptr, np.int32), _c(indices, np.int32)
-    data, cluster = np.ascontiguousarray(data), _c(cluster, np.int32)
+    data = None if data is None else np.ascontiguousarray(data)
+    cluster = _c(cluster, np.int32)
     bound = int(indptr[-1])  # at most one entry per input entry
     out_rows = np.empty(bound, dtype=np.int32)
     out_targets = np.empty(bound, dtype=np.int32)
@@ -152,10 +157,14 @@ def level_zero(src: np.ndarray, dst: np.ndarray, order: np.ndarray, rows_per_blo
 
 
 def csr(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray | None, num_rows: int, dtype: np.dtype
-        ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """``(indptr int32, indices int32, data dtype)``: the CSR of the entries, columns sorted
-    and distinct within a row, weights of equal entries summed (None: 1 each), as scipy's
-    coo -> csr; None past 2**31 entries (the caller uses scipy)."""
+        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+    """A block's CSR ``(indptr int32, indices int32, data)`` from its entries.
+
+    ``weights`` None (the input level): the entries grouped by row in arrival order,
+    duplicates kept, and ``data`` None (each entry weighs 1). Otherwise equal entries are
+    merged, their weights summed into ``data`` of ``dtype``, columns distinct within a row
+    in first-arrival order (scipy's coo -> csr without its sort). None past 2**31 entries
+    (the caller uses scipy)."""
     m = rows.shape[0]
     rows, cols = _c(rows, np.int32), _c(cols, np.int32)
     if weights is not None:
@@ -163,11 +172,13 @@ def csr(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray | None, num_rows
     out_dtype = np.dtype(dtype)
     indptr = np.empty(num_rows + 1, dtype=np.int32)
     indices = np.empty(m, dtype=np.int32)
-    data = np.empty(m, dtype=out_dtype)
-    k = library().gs_part_csr(m, _ptr(rows), _ptr(cols), _ptr(weights), 0 if weights is None else _data_f64(weights),
-                              num_rows, int(out_dtype == np.float64), _ptr(indptr), _ptr(indices), _ptr(data))
+    data = None if weights is None else np.empty(m, dtype=out_dtype)
+    k = library().gs_part_csr(m, _ptr(rows), _ptr(cols), _ptr(weights), _data_f64(weights), num_rows,
+                              int(out_dtype == np.float64), _ptr(indptr), _ptr(indices), _ptr(data))
     if k == _TOO_MANY:
         return None
     if k == _NO_MEMORY:
-        raise MemoryError(f"partitioner: no memory to sort a block of {m} entries")
+        raise MemoryError(f"partitioner: no memory to group a block of {m} entries")
+    if data is None:
+        return indptr, indices, None
     return indptr, indices[:k].copy(), data[:k].copy()
