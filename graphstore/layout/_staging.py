@@ -211,6 +211,42 @@ which, so a description of the files (a path) is enough to read them. Relation i
         np.add.at(delta, hi, -1)
         return np.cumsum(delta[:-1]) > 0
 
+    def listed_ranges(self, start: int, count: int) -> list[tuple[int, int]]:
+        """The ``[lo, hi)`` offsets within rows ``[start, start + count)`` that the source
+        listed (not added reverses), ascending; one range covering all when none was added.
+
+        Examples
+        --------
+        >>> runs = np.array([[2, 4], [6, 9]])
+        >>> StagedEdges("s", "d", None, 9, 5, reverse_runs=runs).listed_ranges(3, 5)
+        [(1, 3)]
+        >>> StagedEdges("s", "d", None, 9, 5, reverse_runs=runs).listed_ranges(0, 9)
+        [(0, 2), (4, 6)]
+        """
+        runs = self.reverse_runs
+        if runs is None or count == 0:
+            return [(0, count)] if count else []
+        # The runs that overlap [start, start + count), clipped to it: few (two per chunk).
+        first = int(np.searchsorted(runs[:, 1], start, side="right"))
+        last = int(np.searchsorted(runs[:, 0], start + count, side="left"))
+        ranges, at = [], 0
+        for lo, hi in runs[first:last].tolist():
+            lo, hi = max(lo - start, 0), min(hi - start, count)
+            if lo > at:
+                ranges.append((at, lo))
+            at = max(at, hi)
+        if at < count:
+            ranges.append((at, count))
+        return ranges
+
+    def iter_listed(self, chunk_edges: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield ``(src, dst)`` (fresh int64 arrays) of the rows the source listed, in order,
+        at most ``chunk_edges`` at a time: the added reverses are not read at all."""
+        for lo, hi in self.listed_ranges(0, self.num_edges):
+            for start in range(lo, hi, max(1, chunk_edges)):
+                count = min(chunk_edges, hi - start)
+                yield self._read(self.src_path, start, count), self._read(self.dst_path, start, count)
+
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         """All ``(src, dst)`` in memory, [num_edges] int64 each (for METIS, which needs it)."""
         return self._read(self.src_path, 0, self.num_edges), self._read(self.dst_path, 0, self.num_edges)

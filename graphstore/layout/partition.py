@@ -59,6 +59,7 @@ Examples
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import itertools
 import logging
@@ -859,6 +860,8 @@ _STREAM_SLACK = 0.03
 """Partitions may exceed their block size by this share while levels are refined."""
 _STREAM_MAX_THREADS = 4
 """Threads per group at most: the work is memory-bound, more rarely pays."""
+_WRITES_IN_FLIGHT = 1
+"""Prepared pieces a level builder holds while its writer thread writes another."""
 
 
 _USE_COMPILED = True
@@ -1071,6 +1074,8 @@ class _LevelBuilder:
         self.bounds = np.minimum(np.arange(num_blocks + 1, dtype=np.int64) * self.rows_per_block,
                                  num_nodes)
         self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: collections.deque = collections.deque()
         self._counts = np.zeros(num_blocks, dtype=np.int64)
         self._unflushed = np.zeros(num_blocks, dtype=np.int64)
 
@@ -1102,11 +1107,45 @@ class _LevelBuilder:
         return counts, pair, weights
 
     def write(self, prepared: Any) -> None:
-        """Append what `prepare` returned: to memory, or to each block's scratch file."""
+        """Append what `prepare` returned: to memory, or to each block's scratch file.
+
+        The files are written on the builder's own thread, in order, while the caller goes
+        on (the next chunk or group is read and prepared meanwhile: written on the caller's
+        thread, the writes left the workers idle for 3-4 s of each 7 s edge pass at 8M
+        nodes); at most `_WRITES_IN_FLIGHT` prepared pieces wait, which the chunk sizes
+        count. `finish` (or `close`) waits for them and raises what a write raised.
+        """
         if self.in_memory:
             if prepared[0].shape[0]:
                 self._parts.append(prepared)
             return
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="stream-write")
+        self._pending.append(self._writer.submit(self._write_files, prepared))
+        while len(self._pending) > _WRITES_IN_FLIGHT:
+            self._pending.popleft().result()
+
+    def _drain(self) -> None:
+        """Wait for the pending writes; the first error among them is raised."""
+        while self._pending:
+            self._pending.popleft().result()
+
+    def close(self, *, quiet: bool = False) -> None:
+        """Wait for the writer thread and stop it (idempotent). A write's error is raised,
+        unless ``quiet`` (the caller is already raising another: the scratch directory is
+        removed after this returns, never under a running write)."""
+        try:
+            if quiet:
+                concurrent.futures.wait(self._pending)
+            else:
+                self._drain()
+        finally:
+            self._pending.clear()
+            if self._writer is not None:
+                self._writer.shutdown()
+                self._writer = None
+
+    def _write_files(self, prepared: Any) -> None:
         counts, pair, weights = prepared
         start = 0
         for b in np.flatnonzero(counts).tolist():
@@ -1203,6 +1242,7 @@ class _LevelBuilder:
             del rows, cols, weights
             return _Level(self.num_nodes, node_weight, self.bounds, [block], self.data_dtype,
                           block[1].shape[0])
+        self.close()
         blocks = range(len(self._counts))
         built = workers.map(self._build_block, blocks)
         return _Level(self.num_nodes, node_weight, self.bounds, [prefix for prefix, _ in built],
@@ -1442,6 +1482,16 @@ def _contract(level: _Level, cluster: np.ndarray, num_clusters: int, block_bytes
     """The graph of the clusters: edge weights summed, edges inside a cluster dropped."""
     builder = _LevelBuilder(num_clusters, level.num_entries, block_bytes, directory, name,
                             weighted=True)
+    try:
+        return _fill_contracted(builder, level, cluster, num_clusters, workers)
+    except BaseException:
+        builder.close(quiet=True)
+        raise
+
+
+def _fill_contracted(builder: _LevelBuilder, level: _Level, cluster: np.ndarray, num_clusters: int,
+                     workers: _Workers) -> _Level:
+    """`_contract`'s pass over the level, then the coarser level."""
     for first, indptr, indices, data in level.groups():
 
         def emit(lo, indptr, indices, data, first=first):
@@ -1675,10 +1725,21 @@ def _level_zero(edges: StagedEdges, order: np.ndarray, chunk_edges: int, block_b
     next chunk and writes the finished ones, in order (so the files do not depend on the
     threads).
     """
-    builder = _LevelBuilder(edges.num_nodes, 2 * edges.num_edges, block_bytes, directory, "level0",
-                            weighted=False)
-
+    listed = edges.num_edges
+    if edges.reverse_runs is not None:
+        listed -= int((edges.reverse_runs[:, 1] - edges.reverse_runs[:, 0]).sum())
+    builder = _LevelBuilder(edges.num_nodes, 2 * listed, block_bytes, directory, "level0", weighted=False)
     kernels = _kernels()
+    try:
+        return _fill_level_zero(builder, edges, order, chunk_edges, workers, kernels)
+    except BaseException:
+        builder.close(quiet=True)
+        raise
+
+
+def _fill_level_zero(builder: _LevelBuilder, edges: StagedEdges, order: np.ndarray, chunk_edges: int,
+                     workers: _Workers, kernels: Any) -> _Level:
+    """`_level_zero`'s pass over the staged edges, then the level."""
 
     def prepare(src: np.ndarray, dst: np.ndarray) -> Any:
         if kernels is not None and not builder.in_memory:
@@ -1690,14 +1751,11 @@ def _level_zero(edges: StagedEdges, order: np.ndarray, chunk_edges: int, block_b
         return builder.prepare(np.concatenate([a, b]), np.concatenate([b, a]), None)
 
     pending: collections.deque = collections.deque()
-    for start, src, dst, _rel in edges.iter_chunks(chunk_edges):
-        # An undirected source is staged with the reverse of each edge added; this level
-        # puts every edge in both directions itself, so with the added reverses each entry
-        # would come twice: twice the entries for every pass to read, to the same choices
-        # (every weight doubled).
-        added = edges.added_reverse(start, src.shape[0])
-        if added is not None:
-            src, dst = src[~added], dst[~added]
+    # An undirected source is staged with the reverse of each edge added; this level puts
+    # every edge in both directions itself, so with the added reverses each entry would
+    # come twice: twice the entries for every pass to read, to the same choices (every
+    # weight doubled). They are not read.
+    for src, dst in edges.iter_listed(chunk_edges):
         if workers.threads == 1:
             builder.write(prepare(src, dst))
             continue
@@ -1751,9 +1809,10 @@ def _stream(
     if num_partitions == 1:
         return np.zeros(num_nodes, dtype=np.int64), {"levels": []}
     rng = np.random.default_rng(seed)
-    # One chunk per thread in flight, plus the one being read.
-    chunk_edges = max(1, min(chunk_edges,
-                             block_bytes // _STREAM_STAGED_EDGE_BYTES // (_STREAM_MAX_THREADS + 1)))
+    # One chunk per thread in flight, plus the one being read, the one being written and
+    # those waiting for the writer.
+    chunk_edges = max(1, min(chunk_edges, block_bytes // _STREAM_STAGED_EDGE_BYTES
+                             // (_STREAM_MAX_THREADS + 2 + _WRITES_IN_FLIGHT)))
     capacity = _block_sizes(num_nodes, num_partitions)
     partition_size = _partition_size(num_nodes, num_partitions)
     max_cluster = max(1, partition_size // _STREAM_CLUSTER_SHARE)

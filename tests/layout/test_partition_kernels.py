@@ -145,6 +145,24 @@ def test_csr_without_weights_groups_the_entries_as_they_came():
         assert indptr.dtype == indices.dtype == np.int32
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_csr_reads_a_blocks_pairs_in_place(weighted):
+    # A block's scratch file holds (column, row) int32 pairs: its two columns are passed
+    # as strided views and must give what contiguous copies give.
+    rng = np.random.default_rng(6)
+    for trial in range(10):
+        rows, cols, num_rows, _ = random_entries(rng, trial)
+        pair = np.stack([cols, rows], axis=1)
+        weights = rng.integers(1, 5, rows.shape[0]).astype(np.float64) if weighted else None
+        strided = kernels.csr(pair[:, 1], pair[:, 0], weights, num_rows, np.dtype(np.float64))
+        copied = kernels.csr(rows.copy(), cols.copy(), weights, num_rows, np.dtype(np.float64))
+        for got, want in zip(strided, copied, strict=True):
+            if want is None:
+                assert got is None
+            else:
+                np.testing.assert_array_equal(got, want)
+
+
 def random_entries(rng, trial):
     """(rows, cols, num_rows, num_cols) int32 entries with duplicates, empty rows, one long row."""
     num_rows, num_cols = int(rng.integers(1, 200)), int(rng.integers(1, 300))
@@ -188,6 +206,7 @@ def test_partitions_are_the_same_with_and_without_the_kernels(tmp_path, monkeypa
     options = {}
     if on_disk:  # every level through row-block files, many blocks
         monkeypatch.setattr(part_mod, "_STREAM_BLOCK_ENTRIES", 20_000)
+        monkeypatch.setattr(part_mod, "_STREAM_MIN_BLOCK_BYTES", 4 << 20)
         options["partition_memory_bytes"] = part_mod._STREAM_NODE_BYTES * num_nodes + part_mod._STREAM_MIN_BLOCK_BYTES
     monkeypatch.setattr(part_mod, "_stream_threads", lambda: threads)
     results = {}

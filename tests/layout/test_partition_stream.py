@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import os
 
 import numpy as np
@@ -125,6 +126,7 @@ def test_blocks_on_disk_give_valid_labels_and_leave_no_scratch(tmp_path, monkeyp
     num_nodes = 20_000
     src, dst = community_graph(num_nodes, seed=5)
     edges = stage(tmp_path, num_nodes, src, dst)
+    monkeypatch.setattr(part_mod, "_STREAM_MIN_BLOCK_BYTES", 4 << 20)  # a budget the input level outgrows
     budget = part_mod._STREAM_NODE_BYTES * num_nodes + part_mod._STREAM_MIN_BLOCK_BYTES
     monkeypatch.setattr(part_mod, "_STREAM_BLOCK_ENTRIES", 20_000)  # small blocks: many of them
     result = partition_nodes("stream", edges=edges, num_partitions=16, seed=0,
@@ -189,7 +191,7 @@ def test_default_budget_grows_with_the_nodes_only_past_one_gib():
     assert default_memory_bytes(big) == part_mod._STREAM_NODE_BYTES * big + (256 << 20)
 
 
-def test_peak_memory_follows_the_budget(tmp_path):
+def test_peak_memory_follows_the_budget(tmp_path, monkeypatch):
     # The blocks are what the budget sizes: a tight budget keeps the peak allocation
     # (tracemalloc sees numpy's buffers) well under a loose one's.
     import tracemalloc
@@ -197,8 +199,9 @@ def test_peak_memory_follows_the_budget(tmp_path):
     num_nodes = 20_000
     src, dst = community_graph(num_nodes, seed=2)
     edges = stage(tmp_path, num_nodes, src, dst)
+    monkeypatch.setattr(part_mod, "_STREAM_MIN_BLOCK_BYTES", 4 << 20)  # a budget the input level outgrows
     peaks = {}
-    for budget in (part_mod._STREAM_NODE_BYTES * num_nodes + (16 << 20), 1 << 30):
+    for budget in (part_mod._STREAM_NODE_BYTES * num_nodes + (4 << 20), 1 << 30):
         tracemalloc.start()
         partition_nodes("stream", edges=edges, num_partitions=16, seed=0, partition_memory_bytes=budget)
         peaks[budget] = tracemalloc.get_traced_memory()[1]
@@ -259,3 +262,48 @@ def test_cli_flag_reaches_the_partitioner(tmp_path, capsys):
         main(["convert", str(edgelist), str(tmp_path / "x.gs"), "--partition-memory", "0"])
     assert exit_info.value.code == 2
     assert "--partition-memory" in capsys.readouterr().err
+
+
+def test_listed_ranges_are_the_rows_not_marked_as_added_reverses():
+    # The stream partitioner reads only the rows the source listed (`listed_ranges`); they
+    # must be exactly the complement of `added_reverse` over any window.
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        n = int(rng.integers(1, 60))
+        cuts = np.sort(rng.choice(n + 1, size=2 * int(rng.integers(0, 5)), replace=False)) if n > 8 else None
+        runs = None if cuts is None or cuts.size == 0 else cuts.reshape(-1, 2)
+        edges = StagedEdges("s", "d", None, n, 5, reverse_runs=runs)
+        start = int(rng.integers(0, n))
+        count = int(rng.integers(0, n - start + 1))
+        added = edges.added_reverse(start, count)
+        got = np.zeros(count, dtype=bool)
+        for lo, hi in edges.listed_ranges(start, count):
+            assert 0 <= lo < hi <= count
+            got[lo:hi] = True
+        np.testing.assert_array_equal(got, np.ones(count, bool) if added is None else ~added)
+
+
+def test_a_failed_scratch_write_reaches_the_caller_and_stops_the_writer(tmp_path, monkeypatch):
+    # Block files are written on the level builder's own thread: its error must surface
+    # in the caller, and the thread be joined, before the scratch directory is removed.
+    num_nodes = 20_000
+    src, dst = community_graph(num_nodes, seed=5)
+    edges = stage(tmp_path, num_nodes, src, dst)
+    monkeypatch.setattr(part_mod, "_STREAM_MIN_BLOCK_BYTES", 4 << 20)
+    budget = part_mod._STREAM_NODE_BYTES * num_nodes + part_mod._STREAM_MIN_BLOCK_BYTES
+    writes = []
+    real_append = part_mod._LevelBuilder._append
+
+    def failing_append(self, path, array, b):
+        writes.append(path)
+        if len(writes) == 5:
+            raise OSError(28, "No space left on device", path)
+        return real_append(self, path, array, b)
+
+    monkeypatch.setattr(part_mod._LevelBuilder, "_append", failing_append)
+    with pytest.raises(OSError, match="No space left"):
+        partition_nodes("stream", edges=edges, num_partitions=16, seed=0, chunk_edges=5_000,
+                        partition_memory_bytes=budget)
+    assert len(writes) >= 5
+    assert not [t for t in threading.enumerate() if t.name.startswith("stream-write")]
+    assert scratch_left(tmp_path) == []

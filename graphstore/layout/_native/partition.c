@@ -30,8 +30,8 @@
 enum { GS_OK = 0, GS_NO_MEMORY = -1, GS_TOO_MANY = -2 };
 
 /* 2: the input level's entries carry no weights (data NULL: 1 each, duplicates repeated)
- * and a block's rows are no longer sorted. */
-GS_EXPORT int32_t gs_part_abi_version(void) { return 2; }
+ * and a block's rows are no longer sorted. 3: gs_part_csr reads strided entries. */
+GS_EXPORT int32_t gs_part_abi_version(void) { return 3; }
 
 /* ------------------------------------------------------------------ per-row sums by label */
 
@@ -270,26 +270,28 @@ GS_EXPORT int64_t gs_part_level_zero(int64_t m, const int64_t *src, const int64_
  * no data is written. Otherwise equal (row, column) entries are merged, weights summed,
  * in a table per row (columns distinct, in first-arrival order, not sorted: `_whole`
  * sorts the one level METIS reads); in and out float32 or float64 (w_f64, out_f64).
- * Writes indptr [num_rows + 1], indices and data (at most m each); returns the entries
- * kept, GS_NO_MEMORY, or GS_TOO_MANY past 2**31 entries (the caller then uses scipy).
+ * Entry i's row and column are rows[i * stride] and cols[i * stride] (stride 2: the
+ * interleaved (column, row) pairs of a block's scratch file, read as they are). Writes
+ * indptr [num_rows + 1], indices and data (at most m each); returns the entries kept,
+ * GS_NO_MEMORY, or GS_TOO_MANY past 2**31 entries (the caller then uses scipy).
  * Before, each row was sorted to merge its duplicates: a third of the partitioner's CPU. */
-GS_EXPORT int64_t gs_part_csr(int64_t m, const int32_t *rows, const int32_t *cols, const void *weights,
-                              int32_t w_f64, int64_t num_rows, int32_t out_f64, int32_t *indptr,
-                              int32_t *indices, void *data) {
+GS_EXPORT int64_t gs_part_csr(int64_t m, const int32_t *rows, const int32_t *cols, int64_t stride,
+                              const void *weights, int32_t w_f64, int64_t num_rows, int32_t out_f64,
+                              int32_t *indptr, int32_t *indices, void *data) {
     if (m >= ((int64_t)1 << 31)) return GS_TOO_MANY;
     int64_t *start = calloc((size_t)num_rows + 2, sizeof(int64_t));
     if (!start) return GS_NO_MEMORY;
     /* start[r + 2] counts row r; after the prefix sum start[r + 1] is row r's first slot,
      * advanced by the scatter to its end, which is row r + 1's start. */
-    for (int64_t i = 0; i < m; i++) start[rows[i] + 2]++;
+    for (int64_t i = 0; i < m; i++) start[rows[i * stride] + 2]++;
     for (int64_t r = 0; r < num_rows; r++) start[r + 2] += start[r + 1];
     if (weights == NULL) {
         /* Grouping alone: straight into the output. */
         for (int64_t i = 0; i < m; i++) {
             /* The slot PREFETCH entries ahead, as it stands now: right unless the rows
              * between share its row, when it is a slot or two short (a hint, never a read). */
-            if (i + PREFETCH < m) GS_PREFETCH_WRITE(&indices[start[rows[i + PREFETCH] + 1]]);
-            indices[start[rows[i] + 1]++] = cols[i];
+            if (i + PREFETCH < m) GS_PREFETCH_WRITE(&indices[start[rows[(i + PREFETCH) * stride] + 1]]);
+            indices[start[rows[i * stride] + 1]++] = cols[i * stride];
         }
         for (int64_t r = 0; r <= num_rows; r++) indptr[r] = (int32_t)start[r];
         free(start);
@@ -302,9 +304,9 @@ GS_EXPORT int64_t gs_part_csr(int64_t m, const int32_t *rows, const int32_t *col
         return GS_NO_MEMORY;
     }
     for (int64_t i = 0; i < m; i++) {
-        if (i + PREFETCH < m) GS_PREFETCH_WRITE(&col[start[rows[i + PREFETCH] + 1]]);
-        int64_t at = start[rows[i] + 1]++;
-        col[at] = cols[i];
+        if (i + PREFETCH < m) GS_PREFETCH_WRITE(&col[start[rows[(i + PREFETCH) * stride] + 1]]);
+        int64_t at = start[rows[i * stride] + 1]++;
+        col[at] = cols[i * stride];
         w[at] = weight_at(weights, w_f64, i);
     }
     int64_t most = 0;

@@ -23,7 +23,7 @@ __all__ = ["ABI_VERSION", "choose", "contract", "csr", "level_zero", "library", 
 
 logger = logging.getLogger(__name__)
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 """What ``gs_part_abi_version()`` must return: a stale build is refused."""
 
 _NO_MEMORY, _TOO_MANY = -1, -2
@@ -43,7 +43,7 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.gs_part_level_zero.restype = _I64
     lib.gs_part_level_zero.argtypes = [_I64, _P, _P, _P, _I64, _I64, _P, _P]
     lib.gs_part_csr.restype = _I64
-    lib.gs_part_csr.argtypes = [_I64, _P, _P, _P, _I32, _I64, _I32, _P, _P, _P]
+    lib.gs_part_csr.argtypes = [_I64, _P, _P, _I64, _P, _I32, _I64, _I32, _P, _P, _P]
     return lib, None
 
 
@@ -164,16 +164,21 @@ def csr(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray | None, num_rows
     duplicates kept, and ``data`` None (each entry weighs 1). Otherwise equal entries are
     merged, their weights summed into ``data`` of ``dtype``, columns distinct within a row
     in first-arrival order (scipy's coo -> csr without its sort). None past 2**31 entries
-    (the caller uses scipy)."""
+    (the caller uses scipy). int32 ``rows`` and ``cols`` 8 bytes apart (the two columns of
+    a block's [m, 2] scratch pairs) are read in place, not copied."""
     m = rows.shape[0]
-    rows, cols = _c(rows, np.int32), _c(cols, np.int32)
+    stride = 1
+    if rows.dtype == cols.dtype == np.int32 and rows.strides == cols.strides == (8,):
+        stride = 2
+    else:
+        rows, cols = _c(rows, np.int32), _c(cols, np.int32)
     if weights is not None:
         weights = np.ascontiguousarray(weights)
     out_dtype = np.dtype(dtype)
     indptr = np.empty(num_rows + 1, dtype=np.int32)
     indices = np.empty(m, dtype=np.int32)
     data = None if weights is None else np.empty(m, dtype=out_dtype)
-    k = library().gs_part_csr(m, _ptr(rows), _ptr(cols), _ptr(weights), _data_f64(weights), num_rows,
+    k = library().gs_part_csr(m, _ptr(rows), _ptr(cols), stride, _ptr(weights), _data_f64(weights), num_rows,
                               int(out_dtype == np.float64), _ptr(indptr), _ptr(indices), _ptr(data))
     if k == _TOO_MANY:
         return None
