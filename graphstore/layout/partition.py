@@ -1183,6 +1183,8 @@ class _LevelBuilder:
         """Unweighted (level 0): the entries grouped by row, as they come; weighted: merged."""
         import scipy.sparse
 
+        if self.weighted and weights is None:  # an empty block of a weighted level
+            weights = np.ones(rows.shape[0], dtype=self.data_dtype)
         kernels = _kernels()
         if kernels is not None:
             built = kernels.csr(rows, cols, weights if self.weighted else None, num_rows,
@@ -1779,10 +1781,12 @@ def _stream(
     Memory is the O(N) node state (`_STREAM_NODE_BYTES` per node) plus blocks sized to
     what ``memory_bytes`` leaves beside it: the edge list is never held. Steps:
 
-    1. One pass over the staged edges puts each edge, in both directions and in internal
-       ids (`_stream_order`), into the scratch file of its row block (`_LevelBuilder`);
-       each block then becomes a CSR with duplicates summed into weights (in memory
-       instead when the whole graph fits half the budget).
+    1. One pass over the staged edges the source listed puts each edge, in both
+       directions and in internal ids (`_stream_order`), into the scratch file of its row
+       block (`_LevelBuilder`, which writes them on its own thread); each block then
+       becomes a CSR whose rows are grouped, not sorted, a duplicate edge repeated rather
+       than merged into a weight (in memory instead when the whole graph fits half the
+       budget).
     2. Coarsening (`_cluster`, `_contract`): size-constrained label propagation groups
        nodes into clusters of at most ``partition_size // 8`` nodes; the clusters
        become the nodes of the next level (node weights: sizes; edge weights: summed),

@@ -307,3 +307,24 @@ def test_a_failed_scratch_write_reaches_the_caller_and_stops_the_writer(tmp_path
     assert len(writes) >= 5
     assert not [t for t in threading.enumerate() if t.name.startswith("stream-write")]
     assert scratch_left(tmp_path) == []
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_weighted_level_with_empty_blocks_keeps_their_weights(tmp_path, monkeypatch, compiled):
+    # A coarse level whose entries all fall in a few row blocks: every block, empty ones
+    # too, must come back with its (float64) weights, as the passes read them.
+    monkeypatch.setattr(part_mod, "_USE_COMPILED", compiled)
+    builder = part_mod._LevelBuilder(1_000, 400_000, 1 << 16, str(tmp_path), "w", weighted=True)
+    assert not builder.in_memory and len(builder.bounds) - 1 > 3
+    rows = np.array([0, 0, 1, 999], dtype=np.int32)  # the first and last blocks only
+    cols = np.array([5, 5, 7, 1], dtype=np.int32)
+    weights = np.array([1.0, 2.0, 4.0, 8.0])
+    builder.add(rows, cols, weights)
+    level = builder.finish(np.ones(1_000, dtype=np.int64), part_mod._Workers(1))
+    for b in range(len(level.blocks)):
+        indptr, indices, data = level.block(b)
+        assert data is not None and data.dtype == np.float64 and data.shape == indices.shape
+        inside = (rows >= level.bounds[b]) & (rows < level.bounds[b + 1])
+        assert data.sum() == weights[inside].sum(), b
+    assert sum(level.block(b)[1].shape[0] == 0 for b in range(len(level.blocks))) >= 2  # empty blocks
+    level.drop()

@@ -10,9 +10,9 @@
  * (the input level's rows stay as they arrive; a coarser level's duplicates are merged in
  * the same kind of table).
  *
- * Results equal numpy's bit for bit: weights are sums of integers (multiplicities at the
- * input level, summed multiplicities above it), exact in float32 below 2**24 and in
- * float64, so the order of summation does not matter; scores are the same two float64
+ * Results equal numpy's bit for bit: weights are sums of integers (1 an entry at the
+ * input level, summed multiplicities above it), exact in float64, so neither the order of
+ * summation nor the order of a row's entries matters; scores are the same two float64
  * additions (the build is ISO C: no contraction into fused multiply-adds), and ties go to
  * the smallest label, as numpy's first-in-ascending-order does.
  */
