@@ -306,9 +306,9 @@ def _sort_segments(scratch: dict[str, np.ndarray], offsets: np.ndarray, is_hub: 
 
 
 def _copy_rows(root: zarr.Group, group: zarr.Group, reader: ChunkReader, ids: np.ndarray) -> None:
-    """The hubs' feature rows and labels, read a chunk of the source array at a time (each
-    chunk holding a hub once: read a partition at a time, a chunk spanning four partitions
-    was read four times, 7 of the hub group's 16 s at 8M nodes)."""
+    """The hubs' feature rows and labels, read a chunk of the source array at a time, each
+    chunk holding a hub once (read a partition at a time, a chunk of several small
+    partitions, three at 8M nodes, was read once per partition: 7 of the hub group's 16 s)."""
     for name in ("features", "labels"):
         if f"nodes/{name}" not in root:
             continue

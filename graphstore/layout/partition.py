@@ -1700,7 +1700,8 @@ def _initial_partition(level: _Level, num_partitions: int, seed: int, *,
 def _whole(level: _Level) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The whole level as one CSR (int64 indptr), for METIS: duplicates merged into weights
     and each row's columns ascending (the blocks keep neither; METIS's matching visits a
-    row's neighbours in order, so this keeps its input what it was when they did)."""
+    row's neighbours in order, so sorted, its input does not depend on the order the
+    entries arrived in, nor on whether the kernels built the blocks)."""
     import scipy.sparse
 
     indptrs, indices, data = [], [], []
@@ -1724,8 +1725,8 @@ def _level_zero(edges: StagedEdges, order: np.ndarray, chunk_edges: int, block_b
     the staged edges the source listed: the reverses the converter added are skipped).
 
     With several threads, chunks are prepared on the workers while this one reads the
-    next chunk and writes the finished ones, in order (so the files do not depend on the
-    threads).
+    next chunk and hands the finished ones to the builder's writer, in order (so the files
+    do not depend on the threads).
     """
     listed = edges.num_edges
     if edges.reverse_runs is not None:
