@@ -173,10 +173,12 @@ def hub_segments(src: np.ndarray, dst: np.ndarray, is_hub: np.ndarray, partition
             rel, out_rel = np.ascontiguousarray(rel), out[2]
             if out_rel.dtype != rel.dtype:
                 raise TypeError(f"hub_segments: relations {rel.dtype} into {out_rel.dtype}")
+            if out_rel.shape[0] < int(end.max(initial=0)):
+                raise ValueError("hub_segments: the segments end past the relations' output array")
         if out_src.dtype != src.dtype or out_dst.dtype != src.dtype:
             raise TypeError(f"hub_segments: endpoints {src.dtype} into {out_src.dtype} and {out_dst.dtype}")
-    if rel is not None and out_rel.shape[0] < int(end.max(initial=0)):
-        raise ValueError("hub_segments: the segments end past the relations' output array")
+    else:
+        rel = None  # counting reads no relations
     touched = int(library().gs_hub_segments(
         src.shape[0], _ptr(src), _ptr(dst), src.itemsize, _ptr(is_hub), partition_size, num_partitions,
         _ptr(counts), _ptr(cursor), _ptr(end), _ptr(out_src), _ptr(out_dst), _ptr(rel), _ptr(out_rel),
