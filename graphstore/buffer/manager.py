@@ -19,7 +19,10 @@ partitions found in their slots are not read again, and neither are buckets betw
 held partitions; new partitions with consecutive ids in consecutive slots are read as one
 row range; needed buckets whose byte ranges abut in ``edges/src``, ``edges/dst`` (and
 ``edges/rel``) are read as one range, since all buckets (i, j) of one destination j are
-adjacent there (see `graphstore.layout.base`). Rows are read straight into their slot; a
+adjacent there (see `graphstore.layout.base`), and so are needed buckets of one destination
+with at most `COALESCE_GAP_BYTES` of unneeded ones between them (small buckets cost more in
+requests than in bytes; the span's needed buckets are copied out of it). Rows are read
+straight into their slot; a
 span of buckets into arrays of its own size, its buckets views of them, and the buckets
 still held when others of their span are evicted are copied out, so the edges resident are
 the held buckets' (what the budget counts), whatever the partitions' in-degrees.
@@ -145,25 +148,66 @@ def _runs(pairs: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     return runs
 
 
-def _bucket_spans(needed: Sequence[int], offsets: np.ndarray) -> list[tuple[int, int, list[int]]]:
-    """Group needed bucket indices (``b = j * p + i``, ascending) into byte-contiguous spans.
+COALESCE_GAP_BYTES = 64 << 10
+"""Needed buckets of one destination partition are read as one range across the buckets
+between them that are not needed, when those take at most this many bytes (all edge
+arrays together). A read request costs its bookkeeping (open, advise, ``preadv``, checksum,
+close: tens of microseconds, more than the bytes of small buckets take at the disk's 1.7
+GB/s, about 38 us for 64 KiB), and a small graph cut into many partitions has buckets of a
+few dozen edges: Cora in 32 partitions averages 10 edges a bucket, 245 bucket reads an
+epoch at 8 of 32 resident. Reading across them trades a few KiB for a request. Not in
+MariusGNN or HierBatching, whose buckets are read exactly."""
 
-    Two needed buckets of one destination share a span when nothing but empty buckets lies
-    between them, so a span is read with exactly the bytes of its buckets. Returns
-    ``(lo, hi, buckets)`` edge-position ranges.
-    """
+COALESCE_SPAN_BYTES = 1 << 20
+"""A span read across unneeded buckets stays at most this large (all edge arrays together),
+and its needed buckets are copied out of it once read (`_Loader._bucket_requests`), so the
+buckets not needed are never resident: the edges held are the held buckets' (what the
+budget counts). Larger buckets are read exactly, as before."""
+
+
+def _spans(needed: Sequence[int], offsets: np.ndarray, *, gap_edges: int = 0, span_edges: int = 0,
+           group: int = 0, abutting: bool = True) -> list[tuple[int, int, list[int]]]:
+    """Group needed segments (ascending indices into ``offsets``, whose segment ``b`` is
+    edges ``[offsets[b], offsets[b + 1])``) into ranges read as one: segments that abut
+    (only empty ones between; with ``abutting`` False, only within ``span_edges``), or, with
+    ``gap_edges``, that have at most that many edges of segments not needed between them
+    while the range stays within ``span_edges`` edges. With ``group`` > 0, a range never
+    joins segments ``b`` of two values of ``b // group``. Returns ``(lo, hi, segments)``
+    edge-position ranges."""
     spans: list[tuple[int, int, list[int]]] = []
-    p = round((len(offsets) - 1) ** 0.5)
     for b in needed:
         lo, hi = int(offsets[b]), int(offsets[b + 1])
-        # A span stays within one destination partition: its buckets all leave when that
-        # partition is evicted, so the span is dropped whole rather than copied out.
-        if spans and spans[-1][1] == lo and spans[-1][2][-1] // p == b // p:
+        if spans and (group == 0 or spans[-1][2][-1] // group == b // group) and (
+                (abutting and spans[-1][1] == lo)
+                or (lo - spans[-1][1] <= gap_edges and hi - spans[-1][0] <= span_edges)):
             spans[-1][2].append(b)
             spans[-1] = (spans[-1][0], hi, spans[-1][2])
         else:
             spans.append((lo, hi, [b]))
     return spans
+
+
+def _bucket_spans(needed: Sequence[int], offsets: np.ndarray, *, gap_edges: int = 0,
+                  span_edges: int = 0) -> list[tuple[int, int, list[int]]]:
+    """Group needed bucket indices (``b = j * p + i``, ascending) into byte-contiguous spans.
+
+    Two needed buckets of one destination share a span when nothing but empty buckets lies
+    between them, so a span is read with exactly the bytes of its buckets; or, with
+    ``gap_edges``, when at most that many edges of buckets not needed lie between them and
+    the span stays within ``span_edges`` edges. Returns ``(lo, hi, buckets)`` edge-position
+    ranges.
+    """
+    # A span stays within one destination partition: its buckets all leave when that
+    # partition is evicted, so the span is dropped whole rather than copied out.
+    p = round((len(offsets) - 1) ** 0.5)
+    return _spans(needed, offsets, gap_edges=gap_edges, span_edges=span_edges, group=p)
+
+
+def _coalescing(store: Store) -> dict[str, int]:
+    """`_bucket_spans`' allowance for the buffer's reads of ``store`` (`COALESCE_GAP_BYTES`,
+    `COALESCE_SPAN_BYTES` in edges)."""
+    edge = _edge_bytes(store)
+    return {"gap_edges": COALESCE_GAP_BYTES // edge, "span_edges": COALESCE_SPAN_BYTES // edge}
 
 
 def _check_states(store: Store, states: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
@@ -239,11 +283,13 @@ def _plan_bytes(store: Store, states: Sequence[tuple[int, ...]], plan: SlotPlan,
     reads = _bucket_reads(states, plan, store.num_partitions, holder=holder, cached=cached)
     for admitted, needed in zip(plan.admitted, reads, strict=True):
         total += sum(np.subtract(*store.partition_range(k)[::-1]) for k in admitted) * row_bytes
-        total += sum(int(offsets[b + 1]) - int(offsets[b]) for b in needed) * edge_bytes
+        # The spans as `_Loader._bucket_requests` reads them: small gaps included.
+        total += sum(hi - lo for lo, hi, _ in _bucket_spans(needed, offsets, **_coalescing(store))) * edge_bytes
     if static_cache is not None:
-        sizes = static_cache.segment_sizes
+        hub_offsets = static_cache.segment_offsets
         for needed in _hub_reads(states, plan, store.num_partitions, holder=holder, held_segments=held_segments):
-            total += int(sizes[needed].sum()) * edge_bytes
+            spans = _spans(needed, hub_offsets, abutting=False, **_coalescing(store))
+            total += sum(hi - lo for lo, hi, _ in spans) * edge_bytes
     return int(total)
 
 
@@ -319,6 +365,7 @@ class _Loader:
         self.writes = write_back
         self.edge_names = ["edges/src", "edges/dst"] + (["edges/rel"] if m.has_relations else [])
         self.offsets = store.bucket_offsets
+        self.coalescing = _coalescing(store)
         self.buckets: dict[tuple[int, int], Bucket] = memory.buckets  # held buckets outlive an epoch
         self.spans: dict[tuple[int, int], _Span] = memory.spans
         index = np.dtype(m.index_dtype)
@@ -464,18 +511,25 @@ class _Loader:
         needed = [g for g in (*sorted(parts), p) if g not in memory.hub_edges]
         names = ["hubs/" + name for name in self.edge_names]
         nonempty = [g for g in needed if cache.segment_sizes[g] > 0]
-        requests = [(name, int(cache.segment_offsets[g]), int(cache.segment_offsets[g + 1]), None)
-                    for g in nonempty for name in names]
+        offsets = cache.segment_offsets
+        # Small segments are read together (`COALESCE_GAP_BYTES`, `COALESCE_SPAN_BYTES`), each
+        # then copied out, so a held segment holds its own edges only; larger ones alone.
+        spans = _spans(nonempty, offsets, abutting=False, **self.coalescing)
+        requests = [(name, lo, hi, None) for lo, hi, _ in spans for name in names]
 
         def place(arrays: list[np.ndarray]) -> None:
             got = iter(arrays)
+            for lo, hi, members in spans:
+                span = [next(got) for _ in names]
+                shared = len(members) > 1
+                for g in members:
+                    a, b = int(offsets[g]) - lo, int(offsets[g + 1]) - lo
+                    src, dst, *rel = (x[a:b].copy() if shared else x for x in span)
+                    memory.hub_edges[g] = (src, dst, rel[0] if rel else None)
             for g in needed:
-                if g in nonempty:
-                    src, dst, *rel = (next(got) for _ in names)
-                else:
-                    src = dst = np.zeros(0, np.int64)
-                    rel = [np.zeros(0, np.int32)] if len(names) == 3 else []
-                memory.hub_edges[g] = (src, dst, rel[0] if rel else None)
+                if g not in memory.hub_edges:  # empty
+                    rel = np.zeros(0, np.int32) if len(names) == 3 else None
+                    memory.hub_edges[g] = (np.zeros(0, np.int64), np.zeros(0, np.int64), rel)
             with self.lock:
                 self.counts["hub_segments_read"] += len(nonempty)
 
@@ -487,7 +541,8 @@ class _Loader:
         the read spans as buckets (views of the span's arrays, the empty ones shared)."""
         p = self.store.num_partitions
         needed = sorted(j * p + i for j in parts for i in parts if (i, j) not in self.buckets)
-        spans = _bucket_spans(needed, self.offsets)
+        offsets = self.offsets
+        spans = _bucket_spans(needed, offsets, **self.coalescing)
         requests = [(name, lo, hi, None) for lo, hi, _ in spans if hi > lo for name in self.edge_names]
         empty = self.empty_bucket
 
@@ -499,10 +554,17 @@ class _Loader:
                         self.buckets[(b % p, b // p)] = empty
                     continue
                 span = [next(per_span) for _ in self.edge_names]
-                record = _Span([], hi - lo)
-                for b in members:
+                # Where each member lies in the span; a span read across buckets not needed
+                # (`COALESCE_GAP_BYTES`) keeps only its members' edges, copied together.
+                at = [(int(offsets[b]) - lo, int(offsets[b + 1]) - lo) for b in members]
+                live = sum(b_hi - b_lo for b_lo, b_hi in at)
+                if live < hi - lo:
+                    span = [np.concatenate([a[b_lo:b_hi] for b_lo, b_hi in at]) for a in span]
+                    ends = np.cumsum([0] + [b_hi - b_lo for b_lo, b_hi in at]).tolist()
+                    at = list(zip(ends[:-1], ends[1:]))
+                record = _Span([], live)
+                for b, (b_lo, b_hi) in zip(members, at):
                     key = (b % p, b // p)
-                    b_lo, b_hi = int(self.offsets[b]) - lo, int(self.offsets[b + 1]) - lo
                     if b_hi == b_lo:  # a view would keep the span's arrays alive for nothing
                         self.buckets[key] = empty
                         continue

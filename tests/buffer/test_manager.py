@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import graphstore
+from graphstore.buffer import manager
 from graphstore.buffer.manager import BufferManager, planned_read_bytes
 from graphstore.buffer.resident import build_resident_graph
 from graphstore.buffer.slots import assign_slots, slots_needed
@@ -75,24 +76,35 @@ class RecordingStore(Store):
         pass
 
 
-def expected_bytes(store, states, *, prefetch=True, with_features=True, embedding_dim=0):
+def expected_bytes(store, states, *, prefetch=True, with_features=True, embedding_dim=0, coalesce=True):
     """Written from the slot plan independently of the manager: each admitted partition's
     rows, and each bucket among a state's partitions unless it was read while both of its
-    partitions stayed in their slots."""
+    partitions stayed in their slots; with ``coalesce``, the unneeded buckets of a
+    destination read between two needed ones (`COALESCE_GAP_BYTES` of them at most, the
+    span within `COALESCE_SPAN_BYTES`); without, the least the states need."""
     m = store.manifest
     row = (m.feature_dim * np.dtype(m.feature_dtype).itemsize if with_features else 0) + 4 + 8 * embedding_dim
     edge = 2 * np.dtype(m.index_dtype).itemsize + 4  # src, dst + int32 rel
+    gap = manager.COALESCE_GAP_BYTES // edge if coalesce else 0
+    most = manager.COALESCE_SPAN_BYTES // edge
     plan = assign_slots(states, slots_needed(states, prefetch=prefetch), prefetch=prefetch)
     o, total, held, have = store.bucket_offsets, 0, set(), set()
     for state, admitted, evicted in zip(states, plan.admitted, plan.evicted):
         total += sum(len(range(*store.partition_range(k))) for k in admitted) * row
         held = (held - {k for _, k in evicted}) | set(admitted)
         have = {(i, j) for i, j in have if i in held and j in held}
-        for i in state:
-            for j in state:
-                if (i, j) not in have:
-                    total += (o[j * P + i + 1] - o[j * P + i]) * edge
-                    have.add((i, j))
+        for j in sorted(state):
+            read = []  # [first edge, end] of each read into destination j
+            for i in sorted(state):
+                if (i, j) in have:
+                    continue
+                have.add((i, j))
+                lo, hi = int(o[j * P + i]), int(o[j * P + i + 1])
+                if read and (lo - read[-1][1] == 0 or (lo - read[-1][1] <= gap and hi - read[-1][0] <= most)):
+                    read[-1][1] = hi
+                else:
+                    read.append([lo, hi])
+            total += sum(hi - lo for lo, hi in read) * edge
     return int(total)
 
 
@@ -154,6 +166,41 @@ def test_reads_are_coalesced(path, store):
         assert sorted(r[1:] for r in reads if r[0] == name) == [(o[j * P], o[j * P + 3]) for j in range(3)]
     assert len(reads) == 2 + 3 * 3
     assert buffer.stats.buckets_read == 9
+
+
+def test_small_gaps_are_read_across_and_never_kept(path, store):
+    # State (0, 2): the needed buckets (0, j) and (2, j) of each destination have (1, j),
+    # not needed, between them; on this small graph it is read across.
+    o = store.bucket_offsets
+    assert all(o[j * P + 2] > o[j * P + 1] for j in (0, 2))  # the gaps hold edges
+    recording = RecordingStore(path)
+    with BufferManager(recording, [(0, 2)]) as buffer:
+        for loaded in buffer:
+            assert_same_graph(loaded.graph, build_resident_graph(store, (0, 2)))
+        held = dict(buffer.memory.buckets)
+    spans = sorted(r[1:3] for r in recording.log if r[0] == "edges/src")
+    assert spans == [(o[j * P], o[j * P + 3]) for j in (0, 2)]
+    exact = expected_bytes(store, [(0, 2)], coalesce=False)
+    assert buffer.stats.bytes_read == expected_bytes(store, [(0, 2)]) > exact
+    assert buffer.stats.bytes_read == buffer.stats.planned_bytes
+    # What stays resident is the held buckets' edges, not the gaps: each destination's
+    # buckets are views of one array of exactly their edges.
+    for j in (0, 2):
+        base = held[(0, j)][0].base
+        assert base is held[(2, j)][0].base
+        assert base.shape[0] == (o[j * P + 1] - o[j * P]) + (o[j * P + 3] - o[j * P + 2])
+    for (i, j), bucket in held.items():
+        assert np.array_equal(bucket[0], store.read_rows("edges/src", o[j * P + i], o[j * P + i + 1]))
+
+
+def test_without_coalescing_the_reads_are_the_least(path, store, monkeypatch):
+    coalesced = expected_bytes(store, STATES)
+    monkeypatch.setattr(manager, "COALESCE_GAP_BYTES", 0)
+    with BufferManager(store, STATES) as buffer:
+        for loaded in buffer:
+            assert_same_graph(loaded.graph, build_resident_graph(store, STATES[loaded.index]))
+    exact = expected_bytes(store, STATES, coalesce=False)
+    assert buffer.stats.bytes_read == buffer.stats.planned_bytes == exact < coalesced
 
 
 def test_prefetch_on_and_off_agree(store):
