@@ -22,10 +22,10 @@ row range; needed buckets whose byte ranges abut in ``edges/src``, ``edges/dst``
 adjacent there (see `graphstore.layout.base`), and so are needed buckets of one destination
 with at most `COALESCE_GAP_BYTES` of unneeded ones between them (small buckets cost more in
 requests than in bytes; the span's needed buckets are copied out of it). Rows are read
-straight into their slot; a
-span of buckets into arrays of its own size, its buckets views of them, and the buckets
-still held when others of their span are evicted are copied out, so the edges resident are
-the held buckets' (what the budget counts), whatever the partitions' in-degrees.
+straight into their slot; a span of buckets into arrays of its own size, its buckets views
+of them, and the buckets still held when others of their span are evicted are copied out,
+so the edges resident are the held buckets' (what the budget counts), whatever the
+partitions' in-degrees.
 
 Learnable embeddings (an `EmbeddingTable`) are read with their partition and marked dirty
 when a state is handed to the consumer; a dirty partition is written back (atomically,
