@@ -72,6 +72,11 @@ def test_hierbatching_with_its_static_cache(store):
         stats = buffer.stats
         # Each state read its partitions' hub segments (and the hub-hub one, once): exactly the plan.
         assert stats.bytes_read == stats.planned_bytes and stats.hub_segments_read > 0
+        # Small segments are read together; each held one is exactly its own edges.
+        off = cache.segment_offsets
+        for g, (src, dst, _) in buffer.memory.hub_edges.items():
+            np.testing.assert_array_equal(src, store.read_rows("hubs/edges/src", off[g], off[g + 1]))
+            np.testing.assert_array_equal(dst, store.read_rows("hubs/edges/dst", off[g], off[g + 1]))
     assert buffer.memory.num_slots == 4  # two disjoint mega-batches of 2 at once
     with pytest.raises(ConfigError, match="graphstore hubs"):
         StaticCache.open(store, 0.1)
