@@ -279,16 +279,16 @@ def _plan_bytes(store: Store, states: Sequence[tuple[int, ...]], plan: SlotPlan,
                 holder: Sequence[int] = (), cached: Sequence[tuple[int, int]] = (),
                 static_cache: StaticCache | None = None, held_segments: Sequence[int] = ()) -> int:
     edge_bytes = _edge_bytes(store)
-    offsets, total = store.bucket_offsets, 0
+    offsets, total, coalescing = store.bucket_offsets, 0, _coalescing(store)
     reads = _bucket_reads(states, plan, store.num_partitions, holder=holder, cached=cached)
     for admitted, needed in zip(plan.admitted, reads, strict=True):
         total += sum(np.subtract(*store.partition_range(k)[::-1]) for k in admitted) * row_bytes
         # The spans as `_Loader._bucket_requests` reads them: small gaps included.
-        total += sum(hi - lo for lo, hi, _ in _bucket_spans(needed, offsets, **_coalescing(store))) * edge_bytes
+        total += sum(hi - lo for lo, hi, _ in _bucket_spans(needed, offsets, **coalescing)) * edge_bytes
     if static_cache is not None:
         hub_offsets = static_cache.segment_offsets
         for needed in _hub_reads(states, plan, store.num_partitions, holder=holder, held_segments=held_segments):
-            spans = _spans(needed, hub_offsets, abutting=False, **_coalescing(store))
+            spans = _spans(needed, hub_offsets, abutting=False, **coalescing)
             total += sum(hi - lo for lo, hi, _ in spans) * edge_bytes
     return int(total)
 
