@@ -219,8 +219,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--seed", type=int, default=0, help="with the epoch, every random choice of the plan")
     pl.add_argument("--epoch", type=int, default=0, help="the epoch to plan")
     pl.add_argument("--reuse", type=positive_int,
-                    help="hierbatching: passes over each mega-batch (default: 2; with STORE, the scheme's: 2 for "
-                         "megabatch, else 1)")
+                    help="hierbatching: passes over each mega-batch (default: HierBatching's 2; with STORE, the "
+                         "scheme's: 1)")
     pl.add_argument("--num-logical-partitions", type=positive_int, metavar="L",
                     help="without STORE, comet: logical partitions (default: ceil(P / floor(C/2)))")
     pl.add_argument("--train-partitions", type=_id_list, metavar="0,1,2",

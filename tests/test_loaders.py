@@ -36,9 +36,10 @@ def store(store_path):
     return graphstore.open(store_path)
 
 
-@pytest.mark.parametrize("scheme,times", [("minibatch", 1), ("megabatch", 2), ("disk", 1)])
-def test_each_target_is_trained_as_often_as_the_scheme_says(store, scheme, times):
-    loader = NodeLoader(store, split="train", fanouts=(3, 2), batch_size=17, scheme=scheme, seed=1)
+@pytest.mark.parametrize("scheme,reuse,times", [("minibatch", None, 1), ("megabatch", None, 1), ("megabatch", 2, 2),
+                                                ("disk", None, 1)])
+def test_each_target_is_trained_as_often_as_the_scheme_says(store, scheme, reuse, times):
+    loader = NodeLoader(store, split="train", fanouts=(3, 2), batch_size=17, scheme=scheme, seed=1, reuse=reuse)
     features = store.features[...]
     labels = store.labels[...]
     seen = Counter()

@@ -9,7 +9,8 @@
 #      meanwhile, in the background, make a ~2M-node synthetic graph and convert it;
 #   4. one training epoch per node-classification scheme on the GPU through the trainer,
 #      each beside its training loader alone at the trainer's thread count
-#      (tools/gpu_report.py loader), then tools/bench_loader.py at 1, 4, 8 and 16 threads,
+#      (tools/gpu_report.py loader), megabatch's again at HierBatching's --reuse 2,
+#      then tools/bench_loader.py at 1, 4, 8 and 16 threads,
 #      one system a call, with what time is left;
 #   5. $OUT/gpu.json (tools/gpu_report.py assemble), $OUT/gpu_check.log, and
 #      $OUT/details.tar.gz (every stage's JSON).
@@ -149,6 +150,14 @@ elif [[ -d $STORE ]]; then
         --json "$WORK/loader_$scheme.json"
     fi
   done
+  # Megabatch trains each mega-batch once by default (measured on CPUs, where the step is
+  # the epoch); HierBatching's second pass costs little where the loader is the epoch. The
+  # same epoch at --reuse 2, for the report's "reuse" (its epoch over reuse 1's).
+  # shellcheck disable=SC2086
+  stage train_megabatch_reuse2 75 "$PY" trainers/node_classification.py --store "$STORE" --device "$DEVICE" \
+    --scheme megabatch ${SCHEME_ARGS[megabatch]} --reuse 2 --epochs 1 --fanouts 10,5 --batch-size 1000 \
+    --hidden 256 --dropout 0 --seed 0 --eval-scheme minibatch --eval-fanouts 10,5 --eval-batch-size 4096 \
+    --metrics-out "$WORK/train_megabatch_reuse2.json"
   if [[ -f tools/bench_loader.py ]]; then
     # One system a call, so a timeout loses one system's rows, not all (it writes at the end).
     mode=(--no-drop-caches --targets 20000 --dd-mib 256)

@@ -269,6 +269,26 @@ def bench_loader_rows(work: Path, trainer: list[dict], errors: list[str]) -> lis
     return rows
 
 
+def reuse_comparison(work: Path, errors: list[str]) -> dict | None:
+    """Megabatch's epoch at its default reuse beside HierBatching's ``--reuse 2`` (the
+    check's ``train_megabatch_reuse2`` stage): what a second pass over each mega-batch costs
+    on the card, the evidence for the default there (on the CPU it doubles the epoch)."""
+    runs = {}
+    for name in ("train_megabatch", "train_megabatch_reuse2"):
+        m = read_json(work / f"{name}.json")
+        if m is None:
+            if name.endswith("reuse2"):
+                errors.append("trainer megabatch --reuse 2: no metrics (see the stage's exit code and gpu_check.log)")
+            return None
+        epoch = m["epochs"][0]
+        runs[name] = {"reuse": m["config"]["loaders"]["train"]["reuse"], "epoch_s": epoch["time_s"],
+                      "train_targets": epoch.get("train_targets"), "train_loss": epoch.get("train_loss"),
+                      "valid_acc": m["final"]["valid"]["acc"], "test_acc": m["final"]["test"]["acc"]}
+    once, twice = runs["train_megabatch"], runs["train_megabatch_reuse2"]
+    return {"default": once, "reuse_2": twice,
+            "epoch_ratio": twice["epoch_s"] / once["epoch_s"] if once["epoch_s"] else None}
+
+
 def goals(runs: list[dict]) -> dict:
     """Per scheme: the CUDA epoch over the loader alone at its best thread count (this tool's
     loader epoch, or bench_loader's rate over the trainer's targets), and whether it is at
@@ -313,6 +333,7 @@ def cmd_assemble(args) -> int:
         "tests": test_counts(out / "junit.xml", by_name.get("tests"), log),
         "runs": runs,
         "goals": {"epoch_over_best_loader": goals(runs)},
+        "reuse": reuse_comparison(work, errors),
         "graph": read_json(work / "graph.json"),
         "stages": stage_rows,
         "errors": errors,
@@ -331,6 +352,11 @@ def cmd_assemble(args) -> int:
               f"{row['loader_only_s'] or float('nan'):.2f} s" + (f" ({ratio:.2f}x)" if ratio else "")
               + f", {row['samples_per_s'] or 0:,.0f} samples/s, test acc {row['test_acc']:.4f}, "
               f"{row['threads']} threads")
+    reuse = record["reuse"]
+    if reuse and reuse["epoch_ratio"]:
+        print(f"  megabatch --reuse 2: epoch {reuse['reuse_2']['epoch_s']:.2f} s, {reuse['epoch_ratio']:.2f}x the "
+              f"default reuse {reuse['default']['reuse']}'s; valid acc {reuse['reuse_2']['valid_acc']:.4f} "
+              f"against {reuse['default']['valid_acc']:.4f}")
     for e in errors:
         print(f"  error: {e}")
     return 0

@@ -13,8 +13,8 @@
 
 Schemes (`graphstore.loaders`): ``minibatch`` holds the whole graph (the in-memory
 reference), ``megabatch`` HierBatching's mega-batches (a quarter of the partitions, a
-static cache of 1 % of nodes, reuse 2), ``disk`` MariusGNN's node policies (half the
-partitions). The loader's choices are printed at the start and recorded in the metrics.
+static cache of 1 % of nodes, each mega-batch once: HierBatching's two passes are
+``--reuse 2``), ``disk`` MariusGNN's node policies (half the partitions). The loader's choices are printed at the start and recorded in the metrics.
 ``microbatch`` (Betty) is the minibatch data path with every batch split into micro-batches
 by the loader (its ``MicroBatchSplit`` stage)
 (`graphstore.sample.split_dense`), K fixed or the fewest whose estimated training-step
@@ -204,7 +204,7 @@ class NodeClassificationOptions(CommonOptions):
              + " (default: the scheme's: hierbatching for megabatch; for disk sequential when the training "
                "partitions fit the buffer, else dispersed; in_memory for the others)")
     reuse: int | None = option(None, type=positive_int,
-                               help="passes over each mega-batch (default: the scheme's: 2 for megabatch, else 1)")
+                               help="passes over each state's targets (default 1; HierBatching trains each mega-batch twice: 2)")
     static_cache: float | None = option(
         None, type=unit_float, metavar="R",
         help="fraction of nodes (highest degree) kept in a static cache (default: the scheme's: 0.01 for "

@@ -119,7 +119,7 @@ class NodeLoader(BufferedLoader):
     buffer_bytes : int, optional
         A byte budget instead of ``capacity`` (`capacity_for_budget`).
     reuse : int, optional
-        Passes over each state's targets (megabatch default 2, else 1).
+        Passes over each state's targets (default 1; HierBatching's is 2).
     static_cache : float, optional
         Fraction of nodes in the static cache: the store's hub group must be for that
         fraction (``graphstore hubs STORE --fraction F``); 0 = none. Default for the

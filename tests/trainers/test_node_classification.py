@@ -70,8 +70,8 @@ def test_each_scheme_learns_and_writes_the_metrics(cora_store, tmp_path, scheme,
     check_contract(m, 3)
     loader = m["config"]["loaders"]["train"]
     assert (loader["policy"], loader["capacity"]) == (policy, capacity)
-    if scheme == "megabatch":  # HierBatching's defaults: a quarter of p, 1 % cache, reuse 2
-        assert loader["reuse"] == 2 and loader["static_cache_nodes"] == 28
+    if scheme == "megabatch":  # HierBatching's quarter of p and 1 % cache; each mega-batch once (not twice)
+        assert loader["reuse"] == 1 and loader["static_cache_nodes"] == 28
     # Every scheme evaluates exactly by default (every layer over the whole graph, out of
     # core, within a recorded budget: no evaluation loaders).
     evaluation = "exact"
@@ -358,12 +358,12 @@ def test_the_defaults_learn_from_the_store_alone(cora_store, tmp_path, capsys):
     assert "test" not in "".join(line for line in printed.splitlines() if line.startswith("epoch "))
 
 
-@pytest.mark.parametrize("memory, resident, reuse", [(400 << 20, 8, 1), (20 << 20, 2, 2)])
-def test_the_buffer_is_sized_from_memory(cora_store, tmp_path, monkeypatch, memory, resident, reuse):
+@pytest.mark.parametrize("memory, resident", [(400 << 20, 8), (20 << 20, 2)])
+def test_the_buffer_is_sized_from_memory(cora_store, tmp_path, monkeypatch, memory, resident):
     """Without --buffer-bytes/--buffer-partitions an out-of-core scheme takes half the
     memory the process may still use: a graph that fits is fully resident (and megabatch
-    trains one whole-graph state once, as minibatch), a smaller allowance goes out of core.
-    GRAPHSTORE_MEMORY_BYTES stands in for the cgroup limit here."""
+    trains one whole-graph state, as minibatch), a smaller allowance goes out of core; each
+    mega-batch once either way. GRAPHSTORE_MEMORY_BYTES stands in for the cgroup limit here."""
     monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", str(memory))
     out = tmp_path / "m.json"
     assert run(["--store", cora_store, "--scheme", "megabatch", "--epochs", 1, "--metrics-out", out]) == 0
@@ -373,7 +373,7 @@ def test_the_buffer_is_sized_from_memory(cora_store, tmp_path, monkeypatch, memo
     assert cfg["micro_batch_budget"] == memory // 2 // 8
     assert "GRAPHSTORE_MEMORY_BYTES" in cfg["derived"]["buffer_bytes"]
     loader = cfg["loaders"]["train"]
-    assert (loader["capacity"], loader["reuse"]) == (resident, reuse)
+    assert (loader["capacity"], loader["reuse"]) == (resident, 1)
     # A resumed run replays the checkpoint's buffer whatever memory is free now.
 
 
@@ -546,7 +546,7 @@ def test_train_targets_is_one_seeded_subset_for_every_scheme(cora_store, tmp_pat
             assert run(["--store", cora_store, "--scheme", scheme, *extra, "--train-targets", 50, "--seed", seed,
                         "--epochs", 1, "--fanouts", "5,5", "--hidden", 16, "--metrics-out", out]) == 0
             m = read(out)
-            assert m["epochs"][0]["train_targets"] == 50 * (2 if scheme == "megabatch" else 1)  # reuse 2
+            assert m["epochs"][0]["train_targets"] == 50  # each target once an epoch (reuse 1), every scheme
             assert m["config"]["train_targets"] == 50 and "train split 50 " in m["config"]["derived"]["batch_size"]
     store = graphstore.open(cora_store)
     split = set(store.read_node_split("train").tolist())
@@ -555,6 +555,13 @@ def test_train_targets_is_one_seeded_subset_for_every_scheme(cora_store, tmp_pat
     for scheme, targets in seen.items():
         assert (targets[0] == first).all() and (targets[1] == first).all(), scheme  # seed 0, every scheme
         assert not (targets[2] == first).all(), scheme  # seed 1 draws others
+    # HierBatching's two passes when asked: each of the same targets twice an epoch.
+    out = tmp_path / "reuse2.json"
+    assert run(["--store", cora_store, "--scheme", "megabatch", "--buffer-partitions", 2, "--reuse", 2,
+                "--train-targets", 50, "--epochs", 1, "--fanouts", "5,5", "--hidden", 16, "--metrics-out", out]) == 0
+    m = read(out)
+    assert m["epochs"][0]["train_targets"] == 100 and m["config"]["loaders"]["train"]["reuse"] == 2
+    assert (seen["megabatch"][-1] == first).all()
     capsys.readouterr()
     assert run(["--store", cora_store, "--train-targets", 141, "--epochs", 1]) == 1
     assert "--train-targets 141 is more than the train split's 140 nodes" in capsys.readouterr().err
