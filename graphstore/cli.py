@@ -548,7 +548,7 @@ def _plan_store(args: argparse.Namespace) -> dict:
     from graphstore.inference import evaluation_budget, min_buffer_bytes
     from graphstore.inference.budget import floor_reason
     from graphstore.loaders import SCHEMES, NodeLoader, default_loader_threads
-    from graphstore.loaders.defaults import default_batch_size, memory_budget, step_share
+    from graphstore.loaders.defaults import default_batch_size, macro_batch_bytes, memory_budget, step_share
     from graphstore.nn import GNN, model_state_bytes
 
     d = PLAN_DEFAULTS
@@ -585,6 +585,9 @@ def _plan_store(args: argparse.Namespace) -> dict:
             rules["budget_bytes"] = default.rule
         if budget is not None and not spec.whole_graph:
             buffer_bytes, step, rules["step_bytes"] = step_share(budget)
+        macro = None
+        if not spec.resident_features:  # macrobatch: a round's rows bounded as the trainer bounds them
+            macro, rules["macro_batch_bytes"] = macro_batch_bytes(memory_budget())
         threads = args.loader_threads if args.loader_threads is not None else default_loader_threads("cpu")
         # microbatch's data path is minibatch's loader (the trainer's own rule); the split
         # into micro-batches changes what a step holds, not what is read.
@@ -592,7 +595,8 @@ def _plan_store(args: argparse.Namespace) -> dict:
             loader = NodeLoader(store, split="train", fanouts=fanouts, batch_size=batch_size,
                                 scheme="minibatch" if scheme == "microbatch" else scheme, policy=args.policy,
                                 capacity=args.buffer_partitions, buffer_bytes=buffer_bytes, reuse=args.reuse,
-                                seed=args.seed, loader_threads=threads)
+                                seed=args.seed, loader_threads=threads,
+                                **({} if macro is None else {"macro_batch_bytes": macro}))
         except ConfigError as e:
             if args.buffer_bytes is not None or "budget_bytes" not in rules:
                 raise
@@ -639,6 +643,7 @@ def _plan_store(args: argparse.Namespace) -> dict:
             "budget_bytes": budget, "buffer_bytes": buffer_bytes, "step_bytes": step,
             "loader_queue_bytes": settings.loader_queue_bytes, "loader_threads": threads,
             "capacity": loader.capacity, "static_cache_nodes": settings.static_cache_nodes, "reuse": settings.reuse,
+            "macro_batch_bytes": macro,
             "num_states": plan.num_states, "num_swaps": plan.num_swaps,
             "partition_loads": len(plan.states[0]) + plan.num_swaps,
             "num_batches": loader.num_batches(args.epoch),
@@ -690,7 +695,8 @@ def _run_plan_store(args: argparse.Namespace) -> int:
         read = f"reads {_mib(r['epoch_bytes'])} ({share:.2f}x the store) from an empty buffer"
     else:
         read = (f"reads the structure and labels, {_mib(r['epoch_bytes'])} ({share:.2f}x the store), then each "
-                f"macro-batch's sampled feature rows (not predicted)")
+                f"macro-batch's sampled feature rows (not predicted), in rounds of at most "
+                f"{_mib(r['macro_batch_bytes'])} ({rules['macro_batch_bytes']})")
     if r["later_epoch_bytes"] == 0:
         later = "later epochs read nothing (the graph stays resident)"
     elif not r["epoch_bytes_exact"]:

@@ -77,6 +77,7 @@ def test_the_plans_defaults_are_the_trainers():
     (["--scheme", "megabatch"], "40MiB"),
     (["--scheme", "disk", "--seed", "3"], "30MiB"),
     (["--scheme", "macrobatch"], None),
+    (["--scheme", "macrobatch"], "30MiB"),  # a round of rows from memory: 15 MiB / 3
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else str(v))
 def test_the_plan_is_what_the_trainer_then_does(cora, tmp_path, capsys, monkeypatch, flags, memory):
     if memory is not None:
@@ -107,6 +108,14 @@ def test_the_plan_is_what_the_trainer_then_does(cora, tmp_path, capsys, monkeypa
         assert p["later_epoch_bytes"] == (0 if flags[1] == "minibatch" else None)
     if flags[1] == "minibatch":
         assert p["epoch_bytes"] == p["store_bytes"]
+    if flags[1] == "macrobatch":
+        assert p["macro_batch_bytes"] > 0 and settings["macro_batch_bytes"] > 0  # free memory read apart
+        if memory is not None:
+            assert p["macro_batch_bytes"] == settings["macro_batch_bytes"]
+            assert p["macro_batch_bytes"] == config["macro_batch_bytes"] == (15 << 20) // 3
+            assert p["rules"]["macro_batch_bytes"] == derived["macro_batch_bytes"]
+    else:
+        assert p["macro_batch_bytes"] is None
 
 
 def test_later_epochs_of_a_resident_graph_read_nothing(cora, tmp_path, capsys):

@@ -15,7 +15,9 @@ Systems
   budget (the cap minus ``--process-mib``), under the cap.
 * ``graphstore-disk``: scheme ``disk``, the same budget, under the cap.
 * ``graphstore-macrobatch``: scheme ``macrobatch`` (the structure resident, feature rows
-  read from the store per macro-batch of rows up to ``--macro-batch-bytes``), under the cap.
+  read from the store per round of rows up to ``--macro-batch-bytes``, by default the
+  trainer's rule on the same buffer budget: a third of it, for the three rounds alive at
+  once, `graphstore.loaders.defaults.macro_batch_bytes`), under the cap.
 * ``dgl-memmap``: DGL 1.1.3's ``NeighborSampler`` + ``DataLoader`` over the same graph
   (bench_outofcore's DGL child: a CSC of int64 ids, the features in a ``np.memmap`` with
   ``MADV_RANDOM``, rows gathered in the loader's workers in ascending order), one run per
@@ -36,6 +38,9 @@ loader's whole-store read, macro-batching's structure, DGL's workers' start), th
   the disk measured in the same run (`measure_disk`: the fastest of one ``dd`` stream, four,
   and the store's files read by eight threads); None when the epoch reads nothing.
   Macro-batching and DGL read scattered 4 KiB blocks: for them it is an upper bound;
+  macro-batching's rows also get ``rows_limit_samples_per_s``, the same speed over the
+  bytes of the rows its rounds needed (their unions; ``rows_union`` x ``row_bytes``):
+  what its reads would allow if they read nothing else;
 * ``gathered_bytes_per_s``: feature bytes handed to the sink per second; for the memory
   loader also ``numpy_gather_bytes_per_s``, a plain ``np.take`` of the same rows from the
   same resident array on as many threads, and the ratio of the two: the memory bandwidth a
@@ -242,6 +247,14 @@ def buffer_counters(stats) -> dict:
                                            "partitions_loaded", "states")}
 
 
+def epoch_counters(loader) -> dict:
+    """`buffer_counters`, and for macro-batching the rows its rounds needed (their unions)."""
+    out = buffer_counters(loader.last_stats)
+    if loader.fetch_stats is not None:
+        out.update(rows_union=loader.fetch_stats.rows_union, rounds=loader.fetch_stats.rounds)
+    return out
+
+
 # ---------------------------------------------------------------------- the children
 
 def loader_kwargs(spec: dict) -> dict:
@@ -265,6 +278,7 @@ def child_graphstore(spec: dict) -> dict:
     sys.path.insert(0, str(REPO))
     import graphstore
     from graphstore.errors import ConfigError
+    from graphstore.layout.dtypes import storage_dtype
     from graphstore.loaders import NodeLoader
 
     store = graphstore.open(spec["store"])
@@ -282,9 +296,13 @@ def child_graphstore(spec: dict) -> dict:
     warm_up(loader.epoch(0, lookahead=False), Sink(), keep_rows, spec["warmup_batches"])
     sink = Sink(hash_bytes=spec["hash"] == "bytes")
     out = timed_epochs(lambda e, last: loader.epoch(e, lookahead=not last), sink, graphstore_parts,
-                       spec["epochs"], after_epoch=lambda: buffer_counters(loader.last_stats))
+                       spec["epochs"], after_epoch=lambda: epoch_counters(loader))
     for key in ("bytes_read", "planned_bytes", "read_seconds", "stall_seconds"):
         out[key] = sum(s[key] for s in out["per_epoch"])
+    if loader.fetch_stats is not None:
+        out["rows_union"] = sum(s["rows_union"] for s in out["per_epoch"])
+        out["rounds"] = sum(s["rounds"] for s in out["per_epoch"])
+        out["row_bytes"] = store.feature_dim * storage_dtype(store.manifest.feature_dtype).itemsize
     if kept:
         features = kept[0][0].numpy()
         out["numpy_gather_bytes_per_s"] = numpy_gather_bytes_per_s(
@@ -377,6 +395,12 @@ def add_limits(runs: list[dict], disk_bytes_per_s: float) -> None:
         need = r.get("planned_bytes") or r.get("bytes_read") or 0
         r["disk_limit_bytes"] = need
         r["disk_limit_samples_per_s"] = r["samples"] / (need / disk_bytes_per_s) if need else None
+        if r.get("rows_union") and r.get("row_bytes"):
+            # Macro-batching: the rows its rounds needed, at the same speed; reading them
+            # costs at least this whatever the blocks or chunks around them.
+            rows = r["rows_union"] * r["row_bytes"]
+            r["rows_limit_bytes"] = rows
+            r["rows_limit_samples_per_s"] = r["samples"] / (rows / disk_bytes_per_s)
         if r.get("numpy_gather_bytes_per_s"):
             r["gather_vs_numpy_gather"] = r["gathered_bytes_per_s"] / r["numpy_gather_bytes_per_s"]
 
@@ -481,11 +505,16 @@ class Bench:
         self.targets = bo.write_targets(args.workdir, f"loader_{tag}", train, test)["targets"]
         self.num_targets = int(train.size)
         self.store = store
+        from graphstore.loaders.defaults import MACRO_ROUNDS_HELD
+
+        budget = self.cap - (args.process_mib << 20)
         self.common = {"fanouts": args.fanouts, "batch_size": args.batch_size, "seed": args.seed,
                        "epochs": args.epochs, "warmup_batches": args.warmup_batches, "hash": args.hash,
                        "torch_threads": args.torch_threads, "store": str(args.store),
-                       "targets": str(self.targets), "buffer_bytes": self.cap - (args.process_mib << 20),
-                       "macro_batch_bytes": args.macro_batch_bytes, "gather_seconds": args.gather_seconds}
+                       "targets": str(self.targets), "buffer_bytes": budget,
+                       "macro_batch_bytes": (args.macro_batch_bytes if args.macro_batch_bytes is not None
+                                             else budget // MACRO_ROUNDS_HELD),
+                       "gather_seconds": args.gather_seconds}
 
     def describe(self) -> None:
         a, enforced = self.args, "enforced" if self.iso["cap_enforced"] else "NOT enforced"
@@ -657,7 +686,8 @@ def parse_args(argv):
     add("--cap-mib", type=int, default=None, help="the out-of-core runs' cgroup cap (default: "
         "bench_outofcore's, 1024 on its full store, else scaled to the store)")
     add("--process-mib", type=int, default=576, help="the buffer budget is the cap minus this")
-    add("--macro-batch-bytes", type=int, default=32 << 20, help="macrobatch's rows per round (bytes)")
+    add("--macro-batch-bytes", type=int, default=None, help="macrobatch's rows per round (bytes; default: "
+        "the trainer's rule, a third of the buffer budget megabatch and disk get)")
     add("--torch-threads", type=int, default=1, help="torch's intra-op threads in every child: the loader "
         "threads are the only parallelism measured")
     add("--hash", choices=("rows", "bytes"), default="rows", help="features enter a batch's digest as "

@@ -32,7 +32,9 @@ Defaults from the data (`resolve_defaults`, `graphstore.loaders.defaults`; each 
 and recorded in the metrics' ``config.derived``): ``--normalize-features auto`` row-normalises
 non-negative, mostly-zero rows; the batch is min(1000, max(64, train split / 8)); without
 ``--buffer-bytes``/``--buffer-partitions`` an out-of-core scheme's buffer is half the memory the
-process may still use (a resumed run keeps its checkpoint's). ``--balance-labels auto|on``
+process may still use (a resumed run keeps its checkpoint's), and without
+``--macro-batch-bytes`` a round of macro-batching holds at most a third of that (three rounds
+are alive with the prefetch thread). ``--balance-labels auto|on``
 weighs a buffer state's classes when its targets' labels cluster
 (`graphstore.loaders.node.label_skew`); off by default (docs/benchmarks.md, "Out of core
 converges like in memory").
@@ -109,7 +111,7 @@ from graphstore.layout.dtypes import storage_dtype
 from graphstore.loaders import SCHEMES as SCHEME_REGISTRY
 from graphstore.loaders import NodeLoader, NodeLoaderSettings
 from graphstore.loaders.transfer import DeviceFeeder
-from graphstore.loaders.defaults import default_batch_size, feature_normalization, memory_budget
+from graphstore.loaders.defaults import default_batch_size, feature_normalization, macro_batch_bytes, memory_budget
 from graphstore.loaders.feature_cache import default_cache_bytes
 from graphstore.nn import (
     AGGREGATE_FOR,
@@ -177,7 +179,8 @@ class NodeClassificationOptions(CommonOptions):
     macro_batch_bytes: int | None = option(
         None, type=byte_size, metavar="BYTES",
         help="macrobatch: most bytes of samples a macro-batch holds (it is cut short there) and of feature "
-             "rows held at once (a larger union is read in rounds) (default: none: no limit)")
+             "rows a round holds (a larger union is read in rounds) (default: a third of half the memory this "
+             "process may use, less a feature cache: three rounds are held at once)")
     feature_cache_bytes: int | None = option(
         None, type=byte_size, metavar="BYTES",
         help="macrobatch: keep up to BYTES of feature rows between rounds (default: no cache; with "
@@ -664,6 +667,15 @@ def resolve_defaults(args: NodeClassificationOptions, store,
             changes["feature_cache_bytes"], rule = common.least_over_ranks(
                 *default_cache_bytes(store.num_nodes, itemsize * width))
         derived["feature_cache_bytes"] = rule
+    if args.scheme == "macrobatch" and args.macro_batch_bytes is None:
+        # Bounded by memory, not only by the batch count: 16 mini-batches' rows can be
+        # gigabytes on a large graph (a resumed run keeps its checkpoint's).
+        if saved is not None and saved.get("macro_batch_bytes"):
+            changes["macro_batch_bytes"], rule = saved["macro_batch_bytes"], "the resumed checkpoint's"
+        else:
+            cache = changes.get("feature_cache_bytes", args.feature_cache_bytes) or 0
+            changes["macro_batch_bytes"], rule = common.least_over_ranks(*macro_batch_bytes(memory_budget(), cache))
+        derived["macro_batch_bytes"] = rule
     whole_graph = SCHEME_REGISTRY.get(args.scheme).whole_graph
     buffer, rule = common.default_buffer(args, whole_graph=whole_graph, saved=saved)
     if rule is not None:

@@ -18,6 +18,11 @@ settings and the metrics JSON can say why:
   ``--buffer-partitions`` is given: a share of what the process may still use (the cgroup's
   limit when one is set, else the kernel's MemAvailable), so a graph that fits is fully
   resident and an out-of-core scheme goes out of core only when memory says so.
+- `macro_batch_bytes`: what one round of macro-batching may hold when no
+  ``--macro-batch-bytes`` is given: a third of the memory budget (less a feature cache's
+  bytes), since with the prefetch thread three rounds are alive at once. Without it, the
+  16 mini-batches of a default macro-batch hold what their fanouts make them, gigabytes
+  of rows on a large graph, whatever the memory.
 - `link_prediction_defaults`: the embedding width and the negatives of a link predictor.
   A knowledge graph learnt as embeddings alone (several relation types, no encoder) gets
   what WN18RR's DistMult needs to reach its published MRR, close to 1-vs-all training
@@ -50,6 +55,7 @@ __all__ = [
     "default_batch_size",
     "feature_normalization",
     "link_prediction_defaults",
+    "macro_batch_bytes",
     "memory_budget",
     "step_share",
 ]
@@ -87,6 +93,9 @@ batches in flight, evaluation and the page cache the reads go through."""
 STEP_SHARE = 8
 """An out-of-core scheme's byte budget keeps ``1/STEP_SHARE`` of itself for the batch being
 trained (its input rows, activations, gradients and optimizer step), the buffer the rest."""
+MACRO_ROUNDS_HELD = 3
+"""Rounds of macro-batching alive at once with the prefetch thread: the one training, the
+one handed over, and the one being read (`graphstore.loaders.macro`)."""
 
 
 def default_batch_size(num_train: int) -> tuple[int, str]:
@@ -200,6 +209,26 @@ def step_share(budget_bytes: int) -> tuple[int, int, str]:
             "(its input rows and activations; the model's parameters, gradients and optimizer state, a fixed "
             "cost, come on top); a batch estimated above it is split into micro-batches")
     return int(budget_bytes) - step, step, rule
+
+
+def macro_batch_bytes(budget: MemoryBudget, cache_bytes: int = 0) -> tuple[int, str]:
+    """The default bound on a macro-batch's samples and a round's rows, and its rule: what
+    the memory budget leaves after a feature cache of ``cache_bytes``, shared by the
+    `MACRO_ROUNDS_HELD` rounds alive at once (at least 1 byte: a round then holds one
+    mini-batch, the least it can).
+
+    Examples
+    --------
+    >>> macro_batch_bytes(MemoryBudget(bytes=600, available=1200, source="cgroup"))[0]
+    200
+    >>> macro_batch_bytes(MemoryBudget(bytes=600, available=1200, source="cgroup"), cache_bytes=600)[0]
+    1
+    """
+    rest = max(0, budget.bytes - int(cache_bytes))
+    figure = max(1, rest // MACRO_ROUNDS_HELD)
+    after = f" less the feature cache's {int(cache_bytes)}" if cache_bytes else ""
+    return figure, (f"{figure} bytes: {budget.rule}{after}, over the {MACRO_ROUNDS_HELD} rounds held at once "
+                    f"(the one training, the next handed over, the one being read)")
 
 
 def memory_budget() -> MemoryBudget:

@@ -95,6 +95,13 @@ def test_limits_use_the_plans_bytes_at_the_disks_speed():
     bl.add_limits(runs, disk_bytes_per_s=float(1 << 30))
     assert runs[0]["disk_limit_samples_per_s"] == pytest.approx(250.0)  # 4 s of reads for 1000 samples
     assert runs[1]["disk_limit_samples_per_s"] is None and runs[1]["gather_vs_numpy_gather"] == 0.5
+    assert "rows_limit_samples_per_s" not in runs[0]
+    # Macro-batching: also the rows its rounds needed, at the same speed.
+    macro = {"system": bl.MACROBATCH, "samples_per_s": 10.0, "samples": 1000, "planned_bytes": 8 << 30,
+             "rows_union": 1 << 20, "row_bytes": 512}
+    bl.add_limits([macro], disk_bytes_per_s=float(1 << 30))
+    assert macro["disk_limit_samples_per_s"] == pytest.approx(125.0)
+    assert macro["rows_limit_bytes"] == 512 << 20 and macro["rows_limit_samples_per_s"] == pytest.approx(2000.0)
 
 
 # ---------------------------------------------------------------------- the whole run
@@ -145,6 +152,11 @@ def test_quick_run_measures_every_system_and_the_same_batches_at_every_thread_co
     # Macro-batching samples the whole graph's structure, as the memory loader: the same batches.
     digest = {(r["system"], r["threads"]): r["sequence_digest"] for r in runs if r["system"] != bl.DGL}
     assert digest[bl.MACROBATCH, 1] == digest[bl.MEMORY, 1] != digest[bl.MEGABATCH, 1]
+    for r in (r for r in runs if r["system"] == bl.MACROBATCH):
+        # By default a round holds a third of the buffer budget megabatch and disk get.
+        assert r["settings"]["macro_batch_bytes"] == ((CAP_MIB - PROCESS_MIB) << 20) // 3
+        assert 0 < r["rows_union"] * r["row_bytes"] <= r["bytes_read"]  # blocks hold more than the rows
+        assert r["rows_limit_samples_per_s"] >= r["disk_limit_samples_per_s"]
     mega = [r for r in runs if r["system"] == bl.MEGABATCH]
     assert all(r["settings"]["capacity"] < SMALL["num_partitions"] for r in mega)  # several states
     if not capped:

@@ -337,6 +337,29 @@ def test_the_macrobatch_scheme_trains_as_minibatch(cora_store, tmp_path):
     assert run(["--store", cora_store, "--epochs", 1, "--macro-batches", "4"]) != 0  # not for minibatch
 
 
+def test_macro_batching_is_bounded_by_memory_by_default(cora_store, tmp_path, monkeypatch):
+    """Without --macro-batch-bytes a round holds at most a third of the memory budget (three
+    rounds are alive with the prefetch thread): under a small allowance every round is one
+    mini-batch; the losses are minibatch's all the same (only the reads are grouped)."""
+    argv = ["--store", cora_store, "--epochs", 1, "--batch-size", "32", "--fanouts", "5,5", "--hidden", "16"]
+    plenty, small = tmp_path / "plenty.json", tmp_path / "small.json"
+    assert run([*argv, "--scheme", "macrobatch", "--metrics-out", plenty]) == 0  # this machine's memory
+    monkeypatch.setenv("GRAPHSTORE_MEMORY_BYTES", "6MiB")  # budget 3 MiB: 1 MiB a round, under one batch's rows
+    assert run([*argv, "--scheme", "macrobatch", "--metrics-out", small]) == 0
+    roomy, tight = read(plenty), read(small)
+    assert tight["config"]["macro_batch_bytes"] == (3 << 20) // 3
+    assert tight["config"]["loaders"]["train"]["macro_batch_bytes"] == (3 << 20) // 3
+    assert "rounds held at once" in tight["config"]["derived"]["macro_batch_bytes"]
+    assert roomy["config"]["macro_batch_bytes"] > 64 << 20  # half of free memory, a third of it
+    fetched_roomy, fetched_tight = roomy["epochs"][0]["macro_batching"], tight["epochs"][0]["macro_batching"]
+    assert fetched_tight["rounds"] == fetched_tight["mini_batches"] > 1
+    # Cora's 1433-wide rows: a batch of 32 targets at fanouts 5,5 needs more than 1 MiB of them.
+    assert fetched_tight["rows_union"] * 1433 * 4 > fetched_tight["rounds"] * (1 << 20)
+    assert fetched_roomy["rounds"] < fetched_roomy["mini_batches"]  # 16 mini-batches a round
+    assert fetched_roomy["rows_union"] < fetched_tight["rows_union"]  # their shared rows read once
+    assert roomy["epochs"][0]["train_loss"] == tight["epochs"][0]["train_loss"]
+
+
 def test_the_defaults_learn_from_the_store_alone(cora_store, tmp_path, capsys):
     """`--store` and nothing else: normalisation, batch size and buffer are derived from the
     data (each rule printed and recorded), training stops on validation, and the restored
