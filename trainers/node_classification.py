@@ -14,7 +14,8 @@
 Schemes (`graphstore.loaders`): ``minibatch`` holds the whole graph (the in-memory
 reference), ``megabatch`` HierBatching's mega-batches (a quarter of the partitions, a
 static cache of 1 % of nodes, each mega-batch once: HierBatching's two passes are
-``--reuse 2``), ``disk`` MariusGNN's node policies (half the partitions). The loader's choices are printed at the start and recorded in the metrics.
+``--reuse 2``), ``disk`` MariusGNN's node policies (half the partitions). The loader's
+choices are printed at the start and recorded in the metrics.
 ``microbatch`` (Betty) is the minibatch data path with every batch split into micro-batches
 by the loader (its ``MicroBatchSplit`` stage)
 (`graphstore.sample.split_dense`), K fixed or the fewest whose estimated training-step
