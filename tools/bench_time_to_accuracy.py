@@ -70,10 +70,13 @@ Parts
    Beside them DGL 1.1.3 + numpy memmap at its best (bench_outofcore's `GatheringSampler`
    workers, sorted row gathers, ``MADV_RANDOM``; `child_dgl_tta` here), trained with the
    reference's hyper-parameters (fanouts, batch size, hidden width, dropout, learning rate,
-   weight decay, feature normalisation), each epoch evaluated on validation with the
-   reference's evaluation fanouts (``--dgl-eval-fanouts`` samples them instead: every
-   neighbour of the 2.1M-node store's 419k validation nodes OOMs DGL under the cap and
-   under the wide cap; the row's description then names both), its time to target measured the same way (training
+   weight decay, feature normalisation), each epoch evaluated on validation exactly, as the
+   reference is: layer-wise over full-neighbour blocks, every node's hidden rows in memory
+   (DGL's examples' inference, `dgl_layerwise_logits`; ``--dgl-eval sampled`` uses its
+   sampling loader at the reference's evaluation fanouts instead, or at
+   ``--dgl-eval-fanouts``: every neighbour of the 2.1M-node store's 419k validation nodes
+   at once OOMs DGL under the cap and under the wide cap, and at 25,10 one validation pass
+   ran over 13 minutes; the row's description names the choice), its time to target measured the same way (training
    time only; its epoch 0 includes starting the loader's workers, as the trainer's includes
    its first loads). If the cap kills DGL (its structure is in memory beside the page cache) it
    runs again under bench_outofcore's wide cap (the cap, its structure and 512 MiB).
@@ -696,6 +699,7 @@ def dgl_spec(config: Mapping, *, store, files: Mapping, split_files: Mapping, ar
             **{k: str(v) for k, v in split_files.items()},
             "num_nodes": store.num_nodes, "feature_dim": store.feature_dim, "num_classes": store.num_classes,
             "fanouts": list(config["fanouts"]), "eval_fanouts": dgl_eval_fanouts(args, config),
+            "dgl_eval": dgl_eval(args), "layerwise_batch_size": DGL_LAYERWISE_BATCH,
             "batch_size": config["batch_size"],
             "eval_batch_size": config.get("eval_batch_size") or config["batch_size"],
             "hidden": config["hidden"], "dropout": config["dropout"], "lr": config["lr"],
@@ -703,6 +707,11 @@ def dgl_spec(config: Mapping, *, store, files: Mapping, split_files: Mapping, ar
             "lr_schedule": config.get("lr_schedule", "none"), "model": config.get("model", "sage"),
             "epochs": args.ooc_epochs, "patience": args.ooc_patience, "seed": seed, "threads": 1,
             "num_workers": args.dgl_workers, "madvise_random": True, "metrics_out": str(out)}
+
+
+def dgl_eval(args) -> str:
+    """``--dgl-eval``, else ``sampled`` when fanouts are given for it, else ``layerwise``."""
+    return args.dgl_eval or ("sampled" if args.dgl_eval_fanouts else "layerwise")
 
 
 def dgl_eval_fanouts(args, config: Mapping) -> list[int]:
@@ -745,12 +754,17 @@ def run_dgl(args, path: Path, runs: dict, descriptions: dict, *, cap_bytes: int 
             "scheme": "dgl", "flags": [], "capped": cap_bytes is not None, "interpreter": py,
             "description": (f"DGL NeighborSampler + DataLoader ({args.dgl_workers} workers sampling and "
                             "gathering rows from a numpy memmap, MADV_RANDOM, sorted gathers); the "
-                            "reference's hyper-parameters; validation with fanouts "
-                            + (f"{dgl_eval_fanouts(args, config0)} (--dgl-eval-fanouts: sampled, where the "
-                               f"reference's evaluation is {config0['eval_fanouts']}, "
+                            "reference's hyper-parameters; validation "
+                            + (f"layer-wise over full-neighbour blocks of {DGL_LAYERWISE_BATCH} nodes, the "
+                               "first layer's rows from the memmap in node order, every node's hidden rows "
+                               "in memory (DGL's examples' exact inference; the reference's evaluation is "
+                               "exact too)" if dgl_eval(args) == "layerwise" else
+                               f"with fanouts {dgl_eval_fanouts(args, config0)} (--dgl-eval-fanouts: sampled, "
+                               f"where the reference's evaluation is {config0['eval_fanouts']}, "
                                f"{config0.get('eval_fanouts_rule')})" if args.dgl_eval_fanouts else
-                               f"{config0['eval_fanouts']} (the reference's evaluation: "
+                               f"with fanouts {config0['eval_fanouts']} (the reference's evaluation: "
                                f"{config0.get('eval_fanouts_rule')})")),
+            "dgl_eval": dgl_eval(args),
             "eval_fanouts": dgl_eval_fanouts(args, config0),
             "wide_cap_bytes": wide or None}
         runs[DGL] = {}
@@ -824,22 +838,29 @@ def child_dgl_tta(spec: dict) -> None:
     model = bench_outofcore.dgl_sage(spec)
     opt = torch.optim.Adam(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
     train = loader("train", spec["fanouts"], spec["batch_size"], True)
-    evaluation = {s: loader(s, spec["eval_fanouts"], spec["eval_batch_size"], False)
-                  for s in ("valid", "test")}
+    layerwise = spec.get("dgl_eval", "sampled") == "layerwise"
+    evaluation = {} if layerwise else {s: loader(s, spec["eval_fanouts"], spec["eval_batch_size"], False)
+                                       for s in ("valid", "test")}
+
+    def scores(logits: torch.Tensor, y: torch.Tensor) -> dict:
+        mask = y >= 0
+        seen = int(mask.sum())
+        nan = float("nan")
+        if not seen:
+            return {"acc": nan, "loss": nan}
+        return {"acc": int((logits[mask].argmax(1) == y[mask]).sum()) / seen,
+                "loss": float(F.cross_entropy(logits[mask], y[mask], reduction="sum")) / seen}
 
     @torch.no_grad()
     def evaluate(split: str) -> dict:
         model.eval()
-        correct = seen = 0
-        loss_sum = 0.0
-        for _, _, blocks, x, y in evaluation[split]:
-            logits = model(blocks, prepare(x))
-            mask = y >= 0
-            correct += int((logits[mask].argmax(1) == y[mask]).sum())
-            loss_sum += float(F.cross_entropy(logits[mask], y[mask], reduction="sum")) if mask.any() else 0.0
-            seen += int(mask.sum())
-        nan = float("nan")
-        return {"acc": correct / seen if seen else nan, "loss": loss_sum / seen if seen else nan}
+        if layerwise:
+            nodes = ids[split]
+            logits = dgl_layerwise_logits(model, g, feats, labels, nodes, prepare=prepare, workers=workers,
+                                          batch_size=int(spec["layerwise_batch_size"]))
+            return scores(logits, labels[torch.from_numpy(nodes)])
+        parts = [(model(blocks, prepare(x)), y) for _, _, blocks, x, y in evaluation[split]]
+        return scores(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
 
     history, best, best_state, stopped = [], None, None, None
     for epoch in range(spec["epochs"]):
@@ -881,7 +902,8 @@ def child_dgl_tta(spec: dict) -> None:
                  + (f" (stopped early, patience {spec['patience']})" if stopped is not None else ""))
     metrics = {"task": "node_classification", "system": DGL,
                "config": {**{k: v for k, v in spec.items() if k != "metrics_out"},
-                          "eval_scheme": "dgl sampled", "dgl": dgl.__version__, "torch": torch.__version__},
+                          "eval_scheme": "dgl layerwise" if layerwise else "dgl sampled", "dgl": dgl.__version__,
+                          "torch": torch.__version__},
                "epochs": history, "final": {"epoch": best["epoch"], **scores, "selection": selection},
                "stopped_early": stopped, "train_time_s": sum(e["time_s"] for e in history),
                "eval_time_s": sum(e["eval_time_s"] for e in history),
@@ -893,6 +915,46 @@ def child_dgl_tta(spec: dict) -> None:
     tmp.replace(out)
     print(f"final: valid acc {scores['valid']['acc']:.4f}  test acc {scores['test']['acc']:.4f}  "
           f"({selection})", flush=True)
+
+
+DGL_LAYERWISE_BATCH = 4096
+"""Nodes per full-neighbour block in DGL's layer-wise evaluation."""
+
+
+def dgl_layerwise_logits(model, g, feats, labels, nodes, *, prepare, workers: int, batch_size: int):
+    """Logits of ``nodes`` by DGL's exact inference, as its GraphSage examples run it: one
+    layer at a time over full-neighbour blocks of every node, each layer's output for all
+    nodes held in memory ([N, hidden] float32), the last layer for ``nodes`` alone. The
+    first layer's rows come from the memmap ``feats`` (gathered sorted, in the loader's
+    workers), its blocks in node-id order, which on a partition-ordered store keeps the
+    reads near each other. Every neighbour counts, so it equals the sampling loader at
+    fanouts of -1 (the tests check it), without holding a two-hop neighbourhood at once."""
+    import dgl
+    import torch
+    import torch.nn.functional as F
+
+    model.eval()
+    full = dgl.dataloading.MultiLayerFullNeighborSampler(1)
+    h = None
+    with torch.no_grad():
+        for i, layer in enumerate(model.layers):
+            last = i + 1 == len(model.layers)
+            out_nodes = torch.as_tensor(nodes, dtype=torch.int64) if last else torch.arange(g.num_nodes())
+            first = h is None
+            sampler = bench_outofcore.GatheringSampler(full, feats, labels) if first else full
+            kwargs = {"num_workers": workers, "multiprocessing_context": "fork"} if first and workers else {}
+            batches = dgl.dataloading.DataLoader(g, out_nodes, sampler, batch_size=batch_size, shuffle=False,
+                                                 drop_last=False, **kwargs)
+            y = torch.empty(len(out_nodes), layer._out_feats)
+            start = 0
+            for batch in batches:
+                blocks = batch[2]
+                x = prepare(batch[3]) if first else h[batch[0]]
+                z = layer(blocks[0], x)
+                y[start:start + z.shape[0]] = z if last else F.relu(z)
+                start += z.shape[0]
+            h = y
+    return h
 
 
 # ---------------------------------------------------------------------- the summary
@@ -1001,10 +1063,15 @@ def parse_args(argv: Sequence[str] | None):
                     help="an interpreter with dgl (default: this one, else .venv-dgl)")
     ap.add_argument("--dgl-workers", type=int, default=2,
                     help="DGL DataLoader workers (sampling + gathering rows)")
+    ap.add_argument("--dgl-eval", choices=("layerwise", "sampled"), default=None,
+                    help="DGL's validation: layer-wise over full-neighbour blocks, every node's hidden rows "
+                         "in memory (its examples' exact inference, the reference's evaluation), or its "
+                         "sampling loader at the evaluation fanouts (default: layerwise; sampled with "
+                         "--dgl-eval-fanouts)")
     ap.add_argument("--dgl-eval-fanouts", default=None, metavar="F1,F2",
-                    help="DGL's validation fanouts (default: the reference's, every neighbour for exact "
-                         "evaluation: on the out-of-core graph that OOMs under the cap; e.g. 25,10 samples "
-                         "as DGL's examples do, and the row then says so)")
+                    help="--dgl-eval sampled: DGL's validation fanouts (default: the reference's, every "
+                         "neighbour; on the out-of-core graph that OOMs under the cap; e.g. 25,10 samples as "
+                         "DGL's examples do, and the row then says so)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:

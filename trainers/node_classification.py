@@ -208,7 +208,8 @@ class NodeClassificationOptions(CommonOptions):
              + " (default: the scheme's: hierbatching for megabatch; for disk sequential when the training "
                "partitions fit the buffer, else dispersed; in_memory for the others)")
     reuse: int | None = option(None, type=positive_int,
-                               help="passes over each state's targets (default 1; HierBatching trains each mega-batch twice: 2)")
+                               help="passes over each state's targets (default: 1; HierBatching trains each "
+                                    "mega-batch twice: 2)")
     static_cache: float | None = option(
         None, type=unit_float, metavar="R",
         help="fraction of nodes (highest degree) kept in a static cache (default: the scheme's: 0.01 for "

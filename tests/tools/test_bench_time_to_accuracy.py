@@ -280,6 +280,37 @@ def test_quick_run_times_are_the_epochs_sums_of_its_own_metrics(quick_run):
     assert code["run_digests"]["cora"] == sorted(digests) and code["mixed"]["cora"] == (len(digests) > 1)
 
 
+@pytest.mark.filterwarnings("ignore:Dataloader CPU affinity opt is not enabled")  # DGL's advice, not ours
+def test_dgls_layerwise_evaluation_equals_its_loader_over_every_neighbour():
+    """DGL's side of the comparison evaluates as its examples do, a layer at a time over
+    full-neighbour blocks; its logits are those of DGL's own sampling loader at fanouts of
+    -1 (every neighbour), so the baseline's validation is exact, as the reference's."""
+    dgl = pytest.importorskip("dgl", reason="DGL is an optional baseline (not installed)")
+    import numpy as np
+    import torch
+
+    from tools import bench_outofcore as bo
+
+    rng = np.random.default_rng(0)
+    n, d = 300, 8
+    g = dgl.graph((torch.from_numpy(rng.integers(0, n, 3000)), torch.from_numpy(rng.integers(0, n, 3000))),
+                  num_nodes=n)
+    feats = rng.standard_normal((n, d)).astype(np.float32)
+    labels = torch.from_numpy(rng.integers(0, 3, n))
+    torch.manual_seed(0)
+    model = bo.dgl_sage({"feature_dim": d, "hidden": 16, "num_classes": 3, "fanouts": [5, 5], "dropout": 0.5})
+    nodes = np.sort(rng.choice(n, 50, replace=False))
+    got = tta.dgl_layerwise_logits(model, g, feats, labels, nodes, prepare=lambda x: x, workers=0, batch_size=64)
+    sampler = bo.GatheringSampler(dgl.dataloading.NeighborSampler([-1, -1]), feats, labels)
+    [(_, out, blocks, x, y)] = list(dgl.dataloading.DataLoader(g, torch.from_numpy(nodes), sampler,
+                                                                batch_size=len(nodes), shuffle=False))
+    assert torch.equal(out, torch.from_numpy(nodes)) and torch.equal(y, labels[out])
+    with torch.no_grad():
+        want = model.eval()(blocks, x)
+    assert got.shape == (len(nodes), 3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_quick_run_out_of_core_part_checks_the_valid_split(quick_run):
     result, _ = quick_run
@@ -296,3 +327,4 @@ def test_quick_run_out_of_core_part_checks_the_valid_split(quick_run):
         for k in ("fanouts", "eval_fanouts", "batch_size", "hidden", "dropout", "lr", "weight_decay",
                   "normalize_features"):
             assert spec[k] == ref[k], k
+        assert spec["dgl_eval"] == "layerwise" and spec["eval_scheme"] == "dgl layerwise"
