@@ -945,14 +945,16 @@ def dgl_layerwise_logits(model, g, feats, labels, nodes, *, prepare, workers: in
             kwargs = {"num_workers": workers, "multiprocessing_context": "fork"} if first and workers else {}
             batches = dgl.dataloading.DataLoader(g, out_nodes, sampler, batch_size=batch_size, shuffle=False,
                                                  drop_last=False, **kwargs)
+            # Rows placed by each batch's output ids: with workers, DGL's loader does not
+            # hand the batches back in order.
+            order = torch.argsort(out_nodes)
+            ranked = out_nodes[order]
             y = torch.empty(len(out_nodes), layer._out_feats)
-            start = 0
             for batch in batches:
-                blocks = batch[2]
-                x = prepare(batch[3]) if first else h[batch[0]]
+                input_nodes, output_nodes, blocks = batch[0], batch[1], batch[2]
+                x = prepare(batch[3]) if first else h[input_nodes]
                 z = layer(blocks[0], x)
-                y[start:start + z.shape[0]] = z if last else F.relu(z)
-                start += z.shape[0]
+                y[order[torch.searchsorted(ranked, output_nodes)]] = z if last else F.relu(z)
             h = y
     return h
 

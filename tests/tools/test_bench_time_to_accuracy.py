@@ -281,10 +281,12 @@ def test_quick_run_times_are_the_epochs_sums_of_its_own_metrics(quick_run):
 
 
 @pytest.mark.filterwarnings("ignore:Dataloader CPU affinity opt is not enabled")  # DGL's advice, not ours
-def test_dgls_layerwise_evaluation_equals_its_loader_over_every_neighbour():
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dgls_layerwise_evaluation_equals_its_loader_over_every_neighbour(workers):
     """DGL's side of the comparison evaluates as its examples do, a layer at a time over
     full-neighbour blocks; its logits are those of DGL's own sampling loader at fanouts of
-    -1 (every neighbour), so the baseline's validation is exact, as the reference's."""
+    -1 (every neighbour), so the baseline's validation is exact, as the reference's. With
+    worker processes too, whose batches come back out of order."""
     dgl = pytest.importorskip("dgl", reason="DGL is an optional baseline (not installed)")
     import numpy as np
     import torch
@@ -300,7 +302,8 @@ def test_dgls_layerwise_evaluation_equals_its_loader_over_every_neighbour():
     torch.manual_seed(0)
     model = bo.dgl_sage({"feature_dim": d, "hidden": 16, "num_classes": 3, "fanouts": [5, 5], "dropout": 0.5})
     nodes = np.sort(rng.choice(n, 50, replace=False))
-    got = tta.dgl_layerwise_logits(model, g, feats, labels, nodes, prepare=lambda x: x, workers=0, batch_size=64)
+    got = tta.dgl_layerwise_logits(model, g, feats, labels, nodes, prepare=lambda x: x, workers=workers,
+                                   batch_size=64)
     sampler = bo.GatheringSampler(dgl.dataloading.NeighborSampler([-1, -1]), feats, labels)
     [(_, out, blocks, x, y)] = list(dgl.dataloading.DataLoader(g, torch.from_numpy(nodes), sampler,
                                                                 batch_size=len(nodes), shuffle=False))
